@@ -1,0 +1,272 @@
+"""Wiring: config in, components built, threads started, ordered shutdown.
+
+    camera threads ──(latest-frame slots)──> inference thread ──(bounded queue)──> publisher thread
+    main thread: signals, telemetry every `telemetry.interval_s`, the run's duration, shutdown
+
+Shutdown order: stop the cameras, let the inference thread finish its batch, publish what is
+queued (bounded wait), announce ``stopped``, disconnect, close the backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from edged.models.package import Package, open_package
+
+from edged.errors import EngineLoadError, PackageError
+
+from .backend import Backend, open_backend
+from .capture import Camera
+from .config import Config
+from .decoders import DecodeOptions, build_decoder
+from .inference import InferenceLoop, Result, Window
+from .preprocess import Preprocessor
+from .publish import Publisher, iso
+
+logger = logging.getLogger(__name__)
+
+TELEMETRY_SCHEMA = "edged.telemetry/1"
+
+
+def resolve_package(cfg: Config) -> Package:
+    """model.package (folder or tar), or model.name from the store: <state_dir>/models/<name>/current."""
+    if cfg.model.package is not None:
+        return open_package(cfg.model.package, scratch=None)
+    assert cfg.model.name is not None  # the config validator guarantees one of the two
+    current = cfg.state_dir / "models" / cfg.model.name / "current"
+    if not current.exists():
+        raise PackageError(f"model.name {cfg.model.name!r}: no {current} in the model store", code="not_found")
+    return open_package(current)
+
+
+def check_io(pkg: Package, backend: Backend) -> None:
+    spec = pkg.manifest.input
+    by_name = {t.name: t for t in backend.inputs}
+    if spec.name not in by_name:
+        raise EngineLoadError(
+            f"{pkg.model_path}: the manifest's input {spec.name!r} is not a model input "
+            f"(the model has {sorted(by_name)})"
+        )
+    shape = by_name[spec.name].shape
+    if list(shape) != list(spec.shape):
+        raise EngineLoadError(
+            f"{pkg.model_path}: input {spec.name!r} has shape {list(shape)}, the manifest says "
+            f"{spec.shape} (the fixed batch must match)"
+        )
+
+
+def _memory_mb() -> dict[str, float]:
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    key = "rss_mb" if line.startswith("VmRSS") else "peak_rss_mb"
+                    out[key] = round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return out
+
+
+@dataclass
+class RunSummary:
+    results: int
+    batches: int
+    peak_rss_mb: float
+    seconds: float
+
+
+class Daemon:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.boot_id = uuid.uuid4().hex
+        self.stop_event = threading.Event()
+        self.cond = threading.Condition()
+        self.started = time.monotonic()
+        self.package = resolve_package(cfg)
+        m = self.package.manifest
+        self.backend = open_backend(
+            m.kind,
+            self.package.model_path,
+            cfg.model.backend,
+            threads=cfg.model.onnxruntime.threads,
+            providers=tuple(cfg.model.onnxruntime.providers),
+        )
+        try:
+            check_io(self.package, self.backend)
+            shapes = {o.name: o.shape for o in self.backend.outputs}
+            self.decoder = build_decoder(m.decoder, m.input, m.labels, shapes)
+        except Exception:
+            self.backend.close()
+            raise
+        d = cfg.detection
+        self.opts = DecodeOptions(d.score_threshold, d.iou_threshold, d.max_detections, frozenset(d.labels))
+        self.cameras = [Camera(c, Preprocessor(m.input), self.cond, self.stop_event) for c in cfg.cameras]
+        self.cam_latency = {c.name: Window() for c in cfg.cameras}
+        self.publisher = Publisher(cfg.mqtt, cfg.device_id, cfg.topic_root, self.boot_id, self._status_extra)
+        self.loop = InferenceLoop(
+            self.cameras,
+            self.backend,
+            self.decoder,
+            m.input,
+            self.opts,
+            cfg.inference.max_wait_ms / 1000.0,
+            self._on_result,
+            self.cond,
+            self.stop_event,
+            (m.name, m.version),
+        )
+        self._last_tel = (time.monotonic(), 0, {c.name: 0 for c in self.cameras})
+
+    def _status_extra(self) -> dict[str, Any]:
+        m = self.package.manifest
+        return {"model": {"name": m.name, "version": m.version}}
+
+    def _on_result(self, r: Result) -> None:
+        self.cam_latency[r.camera].add(r.capture_to_result_ms)
+        self.publisher.submit(r)
+
+    def request_stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
+        if signum is not None:
+            logger.info("received %s: stopping", signal.Signals(signum).name)
+        self.stop_event.set()
+        with self.cond:
+            self.cond.notify_all()
+
+    def telemetry(self) -> dict[str, Any]:
+        now = time.monotonic()
+        t0, rows0, frames0 = self._last_tel
+        dt_s = max(1e-6, now - t0)
+        st = self.loop.stats
+        cams = {}
+        for c in self.cameras:
+            s = c.stats
+            cams[c.name] = {
+                "state": s.state,
+                "fps": round((s.frames - frames0.get(c.name, 0)) / dt_s, 2),
+                "frames": s.frames,
+                "drops": s.drops,
+                "reconnects": s.reconnects,
+                "stalls": s.stalls,
+                "errors": s.errors,
+                "capture_to_result_ms": self.cam_latency[c.name].percentiles(),
+            }
+            if s.last_error:
+                cams[c.name]["last_error"] = s.last_error
+        self._last_tel = (now, st.rows, {c.name: c.stats.frames for c in self.cameras})
+        p = self.publisher
+        return {
+            "schema": TELEMETRY_SCHEMA,
+            "device": self.cfg.device_id,
+            "boot_id": self.boot_id,
+            "ts": iso(time.time()),
+            "uptime_s": round(now - self.started, 1),
+            "cameras": cams,
+            "inference": {
+                "backend": self.backend.name,
+                "batch": self.package.manifest.input.batch,
+                "fps": round((st.rows - rows0) / dt_s, 2),
+                "batches": st.batches,
+                "rows": st.rows,
+                "padded_rows": st.padded_rows,
+                "errors": st.errors,
+                "infer_ms": st.infer_ms.percentiles(),
+                "capture_to_result_ms": st.capture_to_result_ms.percentiles(),
+            },
+            "mqtt": {
+                "connected": p.connected,
+                "published": p.published,
+                "acked": p.acked,
+                "pending": p.pending(),
+                "dropped_queue_full": p.dropped_queue_full,
+                "dropped_mqtt_queue": p.dropped_mqtt_queue,
+                "oversized": p.oversized,
+            },
+            "memory": {**_memory_mb(), "model_mb": round(self.backend.memory_bytes / 2**20, 1)},
+        }
+
+    def run(self, duration_s: float | None = None, install_signals: bool = True) -> RunSummary:
+        m = self.package.manifest
+        warm_ms = self.loop.warm_up(self.cfg.inference.warmup_batches)
+        logger.info(
+            "model %s loaded on %s, batch %d, warm-up batch %.1f ms",
+            self.package.ref,
+            self.backend.name,
+            m.input.batch,
+            warm_ms,
+        )
+        if install_signals:
+            signal.signal(signal.SIGTERM, self.request_stop)
+            signal.signal(signal.SIGINT, self.request_stop)
+            signal.signal(
+                signal.SIGHUP,
+                lambda *_: logger.warning(
+                    "SIGHUP: live reload is not supported yet; restart to apply a changed config"
+                ),
+            )
+        self.publisher.start()
+        for c in self.cameras:
+            c.start()
+        self.loop.start()
+        logger.info(
+            "serving %d camera(s) as %s; results on %s/results/<camera>",
+            len(self.cameras),
+            self.cfg.device_id,
+            self.cfg.topic_root,
+        )
+        deadline = None if duration_s is None else self.started + duration_s
+        next_tel = time.monotonic() + self.cfg.telemetry.interval_s
+        try:
+            while not self.stop_event.is_set():
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    logger.info("run duration of %.0f s reached: stopping", duration_s)
+                    break
+                if self.loop.all_ended() and not self._frames_waiting():
+                    logger.info("every camera has ended: stopping")
+                    break
+                if not self.loop.alive:
+                    logger.error("the inference thread died: stopping")
+                    break
+                if now >= next_tel:
+                    self.publisher.publish_json("telemetry", self.telemetry(), qos=0, retain=True)
+                    next_tel = now + self.cfg.telemetry.interval_s
+                self.stop_event.wait(min(0.25, max(0.01, next_tel - now)))
+        finally:
+            self.shutdown()
+        return RunSummary(
+            self.publisher.published,
+            self.loop.stats.batches,
+            _memory_mb().get("peak_rss_mb", 0.0),
+            time.monotonic() - self.started,
+        )
+
+    def _frames_waiting(self) -> bool:
+        with self.cond:
+            return any(c.has_ready_locked() for c in self.cameras)
+
+    def shutdown(self) -> None:
+        self.request_stop()
+        for c in self.cameras:
+            c.join(5.0)
+        self.loop.join(10.0)
+        try:
+            self.publisher.publish_json("telemetry", self.telemetry(), qos=0, retain=True)
+        finally:
+            self.publisher.stop()
+            self.backend.close()
+        logger.info("stopped cleanly")
+
+
+def default_log_level(cfg_level: str) -> int:
+    env = os.environ.get("EDGED_LOG_LEVEL")
+    return getattr(logging, (env or cfg_level).upper(), logging.INFO)

@@ -1,0 +1,245 @@
+"""The daemon's configuration: one YAML file, validated once at load.
+
+Unknown keys are errors, and every error names the key path and the file
+(``edged.yaml: cameras[1].uri: ...``). Environment variables named
+``EDGED_<SECTION>__<KEY>`` (``__`` between levels, list items by index) override keys
+of the file at load time, their values parsed as YAML scalars, so one file serves a fleet:
+
+    EDGED_DEVICE_ID=orin-07  EDGED_MQTT__PORT=8883  EDGED_CAMERAS__0__URI=rtsp://cam/1
+
+Paths expand ``~`` and are taken relative to the config file's folder. Nothing here does
+I/O at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from edged.errors import ConfigError
+
+ENV_PREFIX = "EDGED_"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_TOPIC_SAFE = re.compile(r"^[^#+/\x00]+$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TlsConfig(_Strict):
+    ca_file: Path
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure_skip_hostname: bool = False
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
+class MqttConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(1883, ge=1, le=65535)
+    topic_prefix: str = "edged"
+    client_id: str | None = None
+    qos: Literal[0, 1] = 1
+    keepalive_s: int = Field(30, ge=5, le=3600)
+    username: str | None = None
+    password_file: Path | None = None
+    tls: TlsConfig | None = None
+    max_queued: int = Field(10_000, ge=10, le=1_000_000)
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not v or any(not _TOPIC_SAFE.match(p) for p in v.split("/")):
+            raise ValueError("must be non-empty topic levels without '+', '#' or empty levels")
+        return v
+
+
+class OnnxRuntimeConfig(_Strict):
+    threads: int = Field(0, ge=0, le=256, description="intra-op threads; 0 lets ONNX Runtime choose")
+    providers: list[Literal["cpu", "cuda", "tensorrt"]] = ["cpu"]
+
+
+class ModelConfig(_Strict):
+    package: Path | None = None
+    name: str | None = None
+    backend: Literal["auto", "onnxruntime", "tensorrt"] = "auto"
+    onnxruntime: OnnxRuntimeConfig = OnnxRuntimeConfig()
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.package is None) == (self.name is None):
+            raise ValueError("set exactly one of model.package (a package folder or .tar) or model.name")
+        return self
+
+
+class CameraConfig(_Strict):
+    name: str
+    uri: str
+    fps_max: float = Field(15.0, gt=0, le=240)
+    loop: bool = False
+    realtime: bool = True
+    stall_timeout_s: float = Field(5.0, gt=0, le=600)
+    reconnect_min_s: float = Field(1.0, gt=0, le=600)
+    reconnect_max_s: float = Field(30.0, gt=0, le=3600)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be 1-64 of letters, digits, '_', '.', '-' (it becomes a topic level)")
+        return v
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        scheme = v.split("://", 1)[0] if "://" in v else ""
+        if scheme not in {"file", "v4l2", "rtsp", "rtsps", "http", "https", "csi", "gst", "synthetic"}:
+            raise ValueError("scheme must be one of file://, v4l2://, rtsp://, http://, csi://, gst://, synthetic://")
+        return v
+
+
+class InferenceConfig(_Strict):
+    max_wait_ms: float = Field(30.0, ge=0, le=10_000)
+    warmup_batches: int = Field(2, ge=0, le=100)
+
+
+class DetectionConfig(_Strict):
+    score_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    iou_threshold: float = Field(0.3, ge=0.0, le=1.0)
+    max_detections: int = Field(100, ge=1, le=10_000)
+    labels: list[str] = []
+
+
+class TelemetryConfig(_Strict):
+    interval_s: float = Field(5.0, ge=0.5, le=3600)
+
+
+class Config(_Strict):
+    device_id: str
+    state_dir: Path = Path("/var/lib/edged")
+    mqtt: MqttConfig = MqttConfig()
+    model: ModelConfig
+    cameras: list[CameraConfig] = Field(min_length=1)
+    inference: InferenceConfig = InferenceConfig()
+    detection: DetectionConfig = DetectionConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("device_id")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be 1-64 of letters, digits, '_', '.', '-' (it becomes a topic level)")
+        return v
+
+    @field_validator("cameras")
+    @classmethod
+    def _unique(cls, v: list[CameraConfig]) -> list[CameraConfig]:
+        names = [c.name for c in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"camera names must be unique; repeated: {', '.join(dup)}")
+        return v
+
+    @property
+    def topic_root(self) -> str:
+        return f"{self.mqtt.topic_prefix}/{self.device_id}"
+
+
+def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> Config:
+    """Read, override from the environment and validate; raise ConfigError naming key and file."""
+    path = Path(path)
+    environ = os.environ if environ is None else environ
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, not {type(raw).__name__}")
+    _apply_env(raw, environ, path)
+    try:
+        cfg = Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: " + "; ".join(_describe(e) for e in exc.errors())) from exc
+    return _resolve_paths(cfg, path.parent)
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    where = ""
+    for part in err["loc"]:
+        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+    msg = str(err["msg"])
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    msg = msg.removeprefix("Value error, ")
+    return f"{where or '(top level)'}: {msg}"
+
+
+def _apply_env(raw: dict[str, Any], environ: Mapping[str, str], path: Path) -> None:
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name in {"EDGED_CACHE", "EDGED_DEMO_DIR"}:
+            continue
+        keys = [k.lower() for k in name[len(ENV_PREFIX) :].split("__")]
+        if not all(keys):
+            raise ConfigError(f"{path}: environment variable {name}: empty key level")
+        try:
+            value = yaml.safe_load(environ[name]) if environ[name] else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: environment variable {name}: not a YAML value: {exc}") from exc
+        node: Any = raw
+        for i, key in enumerate(keys):
+            last = i == len(keys) - 1
+            if isinstance(node, list):
+                if not key.isdigit() or int(key) >= len(node):
+                    raise ConfigError(f"{path}: environment variable {name}: no list item {key}")
+                if last:
+                    node[int(key)] = value
+                else:
+                    node = node[int(key)]
+            elif isinstance(node, dict):
+                if last:
+                    node[key] = value
+                else:
+                    node = node.setdefault(key, {})
+            else:
+                raise ConfigError(f"{path}: environment variable {name}: {key!r} is not a section")
+
+
+def _resolve_paths(cfg: Config, base: Path) -> Config:
+    def fix(p: Path | None) -> Path | None:
+        if p is None:
+            return None
+        p = p.expanduser()
+        return p if p.is_absolute() else (base / p)
+
+    mqtt = cfg.mqtt
+    tls = mqtt.tls
+    if tls is not None:
+        tls = tls.model_copy(
+            update={"ca_file": fix(tls.ca_file), "cert_file": fix(tls.cert_file), "key_file": fix(tls.key_file)}
+        )
+    mqtt = mqtt.model_copy(update={"tls": tls, "password_file": fix(mqtt.password_file)})
+    model = cfg.model.model_copy(update={"package": fix(cfg.model.package)})
+    cameras = [
+        c.model_copy(update={"uri": "file://" + str(fix(Path(c.uri[7:])))}) if c.uri.startswith("file://") else c
+        for c in cfg.cameras
+    ]
+    return cfg.model_copy(update={"mqtt": mqtt, "model": model, "cameras": cameras, "state_dir": fix(cfg.state_dir)})

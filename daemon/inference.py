@@ -1,0 +1,188 @@
+"""The inference thread: gather a fixed batch from ready cameras, run it, decode, hand results on.
+
+It takes at most one frame per camera per batch (the latest), goes as soon as B frames are
+in hand or every live camera has given one, and otherwise waits at most ``max_wait_ms`` after
+the first frame for more. A short batch is padded: padding rows are run (the engine's batch is
+fixed) but never decoded or published. The thread owns the backend (and, on a GPU, its context).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from edged.models.package import InputSpec
+
+from .backend import Backend
+from .capture import Camera, FrameMeta
+from .decoders import DecodeOptions, Decoder, Detection
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Result:
+    camera: str
+    meta: FrameMeta
+    detections: list[Detection]
+    infer_ms: float
+    done_mono: float
+    model_name: str
+    model_version: int
+
+    @property
+    def capture_to_result_ms(self) -> float:
+        return (self.done_mono - self.meta.captured_mono) * 1000.0
+
+
+class Window:
+    """The last `size` samples of a quantity, for percentiles in telemetry."""
+
+    def __init__(self, size: int = 2048) -> None:
+        self._d: deque[float] = deque(maxlen=size)
+        self._lock = threading.Lock()
+
+    def add(self, v: float) -> None:
+        with self._lock:
+            self._d.append(v)
+
+    def percentiles(self, qs: Sequence[float] = (50, 95, 99)) -> dict[str, float]:
+        with self._lock:
+            data = np.fromiter(self._d, float, len(self._d))
+        if data.size == 0:
+            return {}
+        return {f"p{int(q)}": round(float(v), 2) for q, v in zip(qs, np.percentile(data, qs), strict=True)}
+
+
+@dataclass
+class InferenceStats:
+    batches: int = 0
+    rows: int = 0  # real frames inferred
+    padded_rows: int = 0
+    errors: int = 0
+    infer_ms: Window = field(default_factory=Window)
+    capture_to_result_ms: Window = field(default_factory=Window)
+    last_progress: float = field(default_factory=time.monotonic)
+
+
+class InferenceLoop:
+    def __init__(
+        self,
+        cameras: Sequence[Camera],
+        backend: Backend,
+        decoder: Decoder,
+        spec: InputSpec,
+        opts: DecodeOptions,
+        max_wait_s: float,
+        sink: Callable[[Result], None],
+        cond: threading.Condition,
+        stop: threading.Event,
+        model: tuple[str, int],
+    ) -> None:
+        self.cameras = list(cameras)
+        self.backend = backend
+        self.decoder = decoder
+        self.spec = spec
+        self.opts = opts
+        self.max_wait_s = max_wait_s
+        self.sink = sink
+        self.cond = cond
+        self._stop = stop
+        self.model = model
+        self.stats = InferenceStats()
+        self.batch = np.zeros(spec.shape, dtype=cameras[0].rows[0].dtype if cameras else np.float32)
+        self._next = 0  # round-robin start, so no camera is always first
+        self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
+
+    def warm_up(self, batches: int) -> float:
+        """Run `batches` batches of padding before serving; return the last one's time in ms."""
+        ms = 0.0
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            self.backend.infer({self.spec.name: self.batch})
+            ms = (time.perf_counter() - t0) * 1000.0
+        return ms
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def all_ended(self) -> bool:
+        return bool(self.cameras) and all(c.stats.state in ("ended", "stopped") for c in self.cameras)
+
+    def _gather(self) -> list[tuple[Camera, int, FrameMeta]]:
+        b = self.spec.batch
+        taken: list[tuple[Camera, int, FrameMeta]] = []
+        deadline: float | None = None
+        n = len(self.cameras)
+        with self.cond:
+            while not self._stop.is_set():
+                have = {id(c) for c, _, _ in taken}
+                for k in range(n):
+                    cam = self.cameras[(self._next + k) % n]
+                    if len(taken) == b:
+                        break
+                    if id(cam) in have:
+                        continue
+                    got = cam.take_locked()
+                    if got is not None:
+                        taken.append((cam, *got))
+                        have.add(id(cam))
+                if len(taken) == b:
+                    break
+                now = time.monotonic()
+                if taken:
+                    waiting_for = [c for c in self.cameras if c.live and id(c) not in have]
+                    if not waiting_for:
+                        break
+                    if deadline is None:
+                        deadline = now + self.max_wait_s
+                    if now >= deadline:
+                        break
+                self.stats.last_progress = now  # idle but responsive
+                self.cond.wait(0.2 if deadline is None else max(0.0, deadline - now))
+        self._next = (self._next + 1) % max(1, n)
+        return taken
+
+    def _run(self) -> None:
+        name, version = self.model
+        while not self._stop.is_set():
+            taken = self._gather()
+            if not taken:
+                continue
+            for i, (cam, idx, _) in enumerate(taken):
+                np.copyto(self.batch[i], cam.rows[idx])
+            with self.cond:
+                for cam, idx, _ in taken:
+                    cam.release_locked(idx)
+            t0 = time.perf_counter()
+            try:
+                outputs = self.backend.infer({self.spec.name: self.batch})
+                infer_ms = (time.perf_counter() - t0) * 1000.0
+                dets = self.decoder.decode(outputs, [m.transform for _, _, m in taken], self.opts)
+            except Exception:  # a loop boundary: log once with the traceback, count, drop the batch
+                self.stats.errors += 1
+                if self.stats.errors <= 3 or self.stats.errors % 100 == 0:
+                    logger.exception("inference: batch failed (%d so far); dropping it", self.stats.errors)
+                continue
+            done = time.monotonic()
+            self.stats.batches += 1
+            self.stats.rows += len(taken)
+            self.stats.padded_rows += self.spec.batch - len(taken)
+            self.stats.infer_ms.add(infer_ms)
+            self.stats.last_progress = done
+            for (cam, _, meta), row_dets in zip(taken, dets, strict=True):
+                result = Result(cam.name, meta, row_dets, infer_ms, done, name, version)
+                self.stats.capture_to_result_ms.add(result.capture_to_result_ms)
+                self.sink(result)

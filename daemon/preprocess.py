@@ -1,0 +1,106 @@
+"""Frame -> one row of the model's input, written into a preallocated buffer.
+
+Runs in the camera threads, so the inference thread only copies finished rows into the batch.
+Driven by the model's input spec: letterbox or stretch resize, colour order, (x*scale - mean)/std,
+NCHW or NHWC. Uses OpenCV for the resize, the border and the colour conversion; every
+intermediate buffer is allocated once per camera (per source size) and reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+from edged.models.package import InputSpec
+
+_DTYPES = {"float32": np.float32, "float16": np.float16, "uint8": np.uint8}
+
+
+@dataclass(frozen=True)
+class Transform:
+    """Maps model-input pixels back to source-image pixels: src = (x - pad) / scale."""
+
+    scale_x: float
+    scale_y: float
+    pad_x: float
+    pad_y: float
+    src_width: int
+    src_height: int
+
+    def to_source(self, boxes: np.ndarray) -> np.ndarray:
+        """[N, 4] x1,y1,x2,y2 in model pixels -> source pixels, clipped to the image."""
+        out = np.empty_like(boxes, dtype=np.float32)
+        out[:, 0::2] = (boxes[:, 0::2] - self.pad_x) / self.scale_x
+        out[:, 1::2] = (boxes[:, 1::2] - self.pad_y) / self.scale_y
+        np.clip(out[:, 0::2], 0, self.src_width, out=out[:, 0::2])
+        np.clip(out[:, 1::2], 0, self.src_height, out=out[:, 1::2])
+        return out
+
+
+class Preprocessor:
+    """Owns the scratch buffers of one camera; `run` fills an output row in place."""
+
+    def __init__(self, spec: InputSpec) -> None:
+        self.spec = spec
+        self.row_shape: tuple[int, ...] = tuple(spec.shape[1:])
+        self.dtype = np.dtype(_DTYPES[spec.dtype])
+        c = spec.channels
+        self._canvas = np.full((spec.height, spec.width, c), spec.pad_value, np.uint8)
+        self._color = np.empty((spec.height, spec.width, c), np.uint8)
+        self._float = np.empty((spec.height, spec.width, c), np.float32)
+        self._resized = np.empty((0, 0, c), np.uint8)
+        self._mul = (np.float32(spec.scale) / np.asarray(spec.std, np.float32)).reshape(1, 1, c)
+        self._add = (-np.asarray(spec.mean, np.float32) / np.asarray(spec.std, np.float32)).reshape(1, 1, c)
+        self._src_size: tuple[int, int] | None = None
+        self._transform: Transform | None = None
+        self._inner: tuple[slice, slice, tuple[int, int]] | None = None
+
+    def new_row(self) -> np.ndarray:
+        return np.empty(self.row_shape, self.dtype)
+
+    def _geometry(self, w: int, h: int) -> tuple[Transform, tuple[slice, slice, tuple[int, int]]]:
+        if self._transform is not None and self._inner is not None and self._src_size == (w, h):
+            return self._transform, self._inner
+        tw, th = self.spec.width, self.spec.height
+        if self.spec.resize == "stretch":
+            t = Transform(tw / w, th / h, 0.0, 0.0, w, h)
+            inner = (slice(0, th), slice(0, tw), (tw, th))
+        else:
+            s = min(tw / w, th / h)
+            nw, nh = max(1, round(w * s)), max(1, round(h * s))
+            px, py = (tw - nw) // 2, (th - nh) // 2
+            t = Transform(nw / w, nh / h, float(px), float(py), w, h)
+            inner = (slice(py, py + nh), slice(px, px + nw), (nw, nh))
+            self._canvas[:] = self.spec.pad_value
+        self._src_size, self._transform, self._inner = (w, h), t, inner
+        return t, inner
+
+    def run(self, frame: np.ndarray, out: np.ndarray) -> Transform:
+        """Preprocess a BGR (or grey) frame into `out` (shape `row_shape`); return the transform."""
+        if frame.ndim == 2:
+            frame = cv2.cvtColor(frame, cv2.COLOR_GRAY2BGR)
+        h, w = frame.shape[:2]
+        t, (ys, xs, size) = self._geometry(w, h)
+        interp = cv2.INTER_AREA if size[0] < w else cv2.INTER_LINEAR
+        if self._resized.shape[:2] != (size[1], size[0]):
+            self._resized = np.empty((size[1], size[0], 3), np.uint8)
+        cv2.resize(frame, size, dst=self._resized, interpolation=interp)
+        self._canvas[ys, xs] = self._resized
+        if self.spec.color == "RGB":
+            cv2.cvtColor(self._canvas, cv2.COLOR_BGR2RGB, dst=self._color)
+        else:
+            np.copyto(self._color, self._canvas)
+        if self.dtype == np.uint8:
+            self._write(self._color, out)
+            return t
+        np.multiply(self._color, self._mul, out=self._float, casting="unsafe")
+        np.add(self._float, self._add, out=self._float)
+        self._write(self._float, out)
+        return t
+
+    def _write(self, src: np.ndarray, out: np.ndarray) -> None:
+        if self.spec.layout == "NHWC":
+            np.copyto(out, src, casting="unsafe")
+        else:
+            np.copyto(out, src.transpose(2, 0, 1), casting="unsafe")

@@ -1,0 +1,247 @@
+"""The model package: a folder or a tar file holding ``manifest.json``, the model and its labels.
+
+``manifest.json`` (schema ``edged.model/1``) says how to feed the model (input spec), how to read
+its outputs (decoder), what it needs (compatibility) and every file's size and sha256. Loading a
+package checks sizes and hashes before anything is handed to a backend, so a truncated or
+tampered model file is refused with a clear error instead of crashing inside ONNX Runtime.
+Signing (``manifest.sig``) and the on-device store come with the OTA work; this module already
+reads the exact manifest bytes so a signature can be checked over them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from edged.errors import PackageError
+
+SCHEMA = "edged.model/1"
+MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 256 * 1024
+_CHUNK = 1 << 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputSpec(_Strict):
+    """How a camera frame becomes one row of the model's input tensor.
+
+    value = (pixel * scale - mean[c]) / std[c], per channel in `color` order.
+    """
+
+    name: str
+    shape: list[int] = Field(min_length=4, max_length=4)
+    dtype: Literal["float32", "float16", "uint8"] = "float32"
+    layout: Literal["NCHW", "NHWC"]
+    color: Literal["RGB", "BGR"] = "RGB"
+    scale: float = 1.0
+    mean: list[float] = [0.0, 0.0, 0.0]
+    std: list[float] = [1.0, 1.0, 1.0]
+    resize: Literal["letterbox", "stretch"] = "letterbox"
+    pad_value: int = Field(0, ge=0, le=255)
+
+    @field_validator("shape")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(d <= 0 for d in v):
+            raise ValueError("every dimension must be a fixed positive size (the batch too)")
+        return v
+
+    @model_validator(mode="after")
+    def _channels(self) -> InputSpec:
+        want = 3
+        if self.channels != want:
+            raise ValueError(
+                f"{self.layout} shape {self.shape} has {self.channels} channels, {self.color} needs {want}"
+            )
+        if len(self.mean) != want or len(self.std) != want or any(s == 0 for s in self.std):
+            raise ValueError(f"mean and std need {want} values each, std non-zero")
+        return self
+
+    @property
+    def batch(self) -> int:
+        return self.shape[0]
+
+    @property
+    def height(self) -> int:
+        return self.shape[2] if self.layout == "NCHW" else self.shape[1]
+
+    @property
+    def width(self) -> int:
+        return self.shape[3] if self.layout == "NCHW" else self.shape[2]
+
+    @property
+    def channels(self) -> int:
+        return self.shape[1] if self.layout == "NCHW" else self.shape[3]
+
+
+class DecoderSpec(_Strict):
+    type: str
+    params: dict[str, Any] = {}
+
+
+class FileEntry(_Strict):
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Manifest(_Strict):
+    schema_: Literal["edged.model/1"] = Field("edged.model/1", alias="schema")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    version: int = Field(ge=1)
+    created: str
+    expires: str | None = None
+    kind: Literal["onnx", "engine"]
+    model_file: str
+    labels_file: str | None = "labels.txt"
+    input: InputSpec
+    decoder: DecoderSpec
+    labels: list[str] = []
+    precision: Literal["fp32", "fp16", "int8", "mixed"] = "fp32"
+    compatibility: dict[str, Any] = {}
+    source: dict[str, Any] = {}
+    files: dict[str, FileEntry]
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _files_listed(self) -> Manifest:
+        for f in self.files:
+            if "/" in f or f.startswith(".") or f == MANIFEST:
+                raise ValueError(f"file name {f!r} must be a plain name inside the package")
+        for needed in (self.model_file, self.labels_file):
+            if needed is not None and needed not in self.files:
+                raise ValueError(f"{needed!r} is not listed in files")
+        return self
+
+    def to_json(self) -> bytes:
+        return (json.dumps(self.model_dump(by_alias=True, exclude_none=True), indent=2) + "\n").encode()
+
+
+@dataclass(frozen=True)
+class Package:
+    """A verified package laid out in a folder."""
+
+    root: Path
+    manifest: Manifest
+    manifest_bytes: bytes
+
+    @property
+    def model_path(self) -> Path:
+        return self.root / self.manifest.model_file
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.manifest.labels)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.manifest.name}@{self.manifest.version}"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def parse_manifest(data: bytes, where: str) -> Manifest:
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise PackageError(f"{where}: manifest is {len(data)} bytes, over {MAX_MANIFEST_BYTES}", code="too_large")
+    try:
+        raw = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise PackageError(f"{where}: manifest is not valid JSON: {exc}", code="manifest_invalid") from exc
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            ".".join(str(p) for p in e["loc"]) + ": " + ("unknown key" if e["type"] == "extra_forbidden" else e["msg"])
+            for e in exc.errors()
+        )
+        raise PackageError(f"{where}: manifest invalid: {problems}", code="manifest_invalid") from exc
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def open_package(path: str | os.PathLike[str], scratch: Path | None = None) -> Package:
+    """Open a package folder, or unpack a package tar into `scratch`, and check every file."""
+    path = Path(path)
+    if path.is_dir():
+        return verify_folder(path)
+    if not path.exists():
+        raise PackageError(f"{path}: no such model package", code="not_found")
+    if not tarfile.is_tarfile(path):
+        raise PackageError(f"{path}: neither a package folder nor a tar file", code="not_a_package")
+    dest = Path(tempfile.mkdtemp(prefix="pkg-", dir=scratch))
+    try:
+        with tarfile.open(path) as tar:
+            for member in tar.getmembers():
+                if not member.isfile() or "/" in member.name.strip("./") or member.name.startswith(".."):
+                    raise PackageError(f"{path}: unexpected entry {member.name!r}", code="not_a_package")
+            tar.extractall(dest, filter="data")
+        return verify_folder(dest)
+    except (tarfile.TarError, OSError) as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise PackageError(f"{path}: cannot unpack: {exc}", code="not_a_package") from exc
+    except PackageError:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+
+
+def verify_folder(root: Path) -> Package:
+    mpath = root / MANIFEST
+    try:
+        data = mpath.read_bytes()
+    except OSError as exc:
+        raise PackageError(f"{root}: no readable {MANIFEST}: {exc.strerror}", code="not_a_package") from exc
+    manifest = parse_manifest(data, str(mpath))
+    for name, entry in manifest.files.items():
+        f = root / name
+        try:
+            size = f.stat().st_size
+        except OSError as exc:
+            raise PackageError(f"{f}: listed in the manifest but missing", code="file_missing") from exc
+        if size != entry.size:
+            raise PackageError(
+                f"{f}: {size} bytes, the manifest says {entry.size} (truncated or replaced?)", code="size_mismatch"
+            )
+        if sha256_file(f) != entry.sha256:
+            raise PackageError(f"{f}: sha256 does not match the manifest (corrupt or tampered)", code="hash_mismatch")
+    return Package(root=root, manifest=manifest, manifest_bytes=data)
+
+
+def write_package(root: Path, manifest_fields: dict[str, Any], files: dict[str, Path]) -> Package:
+    """Lay out a package folder: copy `files` in, hash them, write the manifest last."""
+    root.mkdir(parents=True, exist_ok=True)
+    entries: dict[str, dict[str, Any]] = {}
+    for name, src in files.items():
+        dst = root / name
+        if src.resolve() != dst.resolve():
+            shutil.copyfile(src, dst)
+        entries[name] = {"size": dst.stat().st_size, "sha256": sha256_file(dst)}
+    manifest = Manifest.model_validate({**manifest_fields, "files": entries})
+    tmp = root / (MANIFEST + ".tmp")
+    tmp.write_bytes(manifest.to_json())
+    os.replace(tmp, root / MANIFEST)
+    return verify_folder(root)
