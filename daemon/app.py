@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import shutil
 import signal
 import threading
 import time
@@ -40,7 +41,10 @@ TELEMETRY_SCHEMA = "edged.telemetry/1"
 def resolve_package(cfg: Config) -> Package:
     """model.package (folder or tar), or model.name from the store: <state_dir>/models/<name>/current."""
     if cfg.model.package is not None:
-        return open_package(cfg.model.package, scratch=None)
+        staging = cfg.state_dir / "staging"
+        if cfg.model.package.is_file():
+            staging.mkdir(parents=True, exist_ok=True)
+        return open_package(cfg.model.package, scratch=staging)
     assert cfg.model.name is not None  # the config validator guarantees one of the two
     current = cfg.state_dir / "models" / cfg.model.name / "current"
     if not current.exists():
@@ -92,6 +96,7 @@ class Daemon:
         self.stop_event = threading.Event()
         self.cond = threading.Condition()
         self.started = time.monotonic()
+        shutil.rmtree(cfg.state_dir / "staging", ignore_errors=True)  # scratch, wiped at start
         self.package = resolve_package(cfg)
         m = self.package.manifest
         self.backend = open_backend(

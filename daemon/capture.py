@@ -86,7 +86,7 @@ class SyntheticSource:
         ).astype(np.uint8)
 
     def read(self) -> np.ndarray | None:
-        frame = self._base.copy()
+        frame: np.ndarray = self._base.copy()
         h, w = frame.shape[:2]
         t = self._n / max(self.fps, 1.0)
         cx = int((0.5 + 0.4 * np.sin(t * 1.3)) * w)
@@ -288,7 +288,8 @@ class Camera:
         native = source.fps if source.fps > 0 else self.cfg.fps_max
         paced = (is_file and self.cfg.realtime) or self.cfg.uri.startswith("synthetic://")
         pace = 1.0 / native if paced else 0.0
-        min_gap = 1.0 / self.cfg.fps_max
+        # A file read as fast as inference takes it (realtime: false) is not capped: every frame counts.
+        min_gap = 0.0 if is_file and not self.cfg.realtime else 1.0 / self.cfg.fps_max
         index = 0
         next_due = last_frame = time.monotonic()
         next_keep = 0.0

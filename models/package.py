@@ -200,6 +200,8 @@ def open_package(path: str | os.PathLike[str], scratch: Path | None = None) -> P
                 if not member.isfile() or "/" in member.name.strip("./") or member.name.startswith(".."):
                     raise PackageError(f"{path}: unexpected entry {member.name!r}", code="not_a_package")
             tar.extractall(dest, filter="data")
+        if not (dest / MANIFEST).is_file():
+            raise PackageError(f"{path}: no {MANIFEST} in this tar", code="not_a_package")
         return verify_folder(dest)
     except (tarfile.TarError, OSError) as exc:
         shutil.rmtree(dest, ignore_errors=True)

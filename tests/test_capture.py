@@ -1,0 +1,169 @@
+"""Camera threads against real sources: files, a real MJPEG-over-HTTP camera process, synthetic."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edged.daemon.capture import Camera, _has_gstreamer, open_source
+from edged.daemon.config import CameraConfig
+from edged.daemon.preprocess import Preprocessor
+from edged.errors import CaptureError
+from edged.models.demo import DemoAssets
+from edged.models.package import InputSpec
+
+from .conftest import free_port, wait_until
+
+SPEC = InputSpec(name="x", shape=[1, 64, 64, 3], layout="NHWC")
+HERE = Path(__file__).parent
+
+
+class Consumer:
+    """Takes frames from cameras as the inference thread would; records (camera, frame number)."""
+
+    def __init__(self, cams: list[Camera], cond: threading.Condition, stop: threading.Event) -> None:
+        self.cams, self.cond, self.stop = cams, cond, stop
+        self.taken: list[tuple[str, int]] = []
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            with self.cond:
+                for c in self.cams:
+                    got = c.take_locked()
+                    if got:
+                        self.taken.append((c.name, got[1].frame))
+                        c.release_locked(got[0])
+                self.cond.wait(0.05)
+
+    def count(self, name: str) -> int:
+        return sum(1 for n, _ in list(self.taken) if n == name)
+
+
+@pytest.fixture
+def rig() -> Iterator[tuple[threading.Condition, threading.Event]]:
+    cond, stop = threading.Condition(), threading.Event()
+    yield cond, stop
+    stop.set()
+
+
+def camera(cfg: dict[str, object], cond: threading.Condition, stop: threading.Event) -> Camera:
+    return Camera(CameraConfig.model_validate(cfg), Preprocessor(SPEC), cond, stop)
+
+
+def test_file_camera_plays_every_frame_when_not_realtime(demo: DemoAssets, rig) -> None:
+    cond, stop = rig
+    cam = camera({"name": "f", "uri": f"file://{demo.video}", "realtime": False, "fps_max": 240}, cond, stop)
+    consumer = Consumer([cam], cond, stop)
+    cam.start()
+    wait_until(lambda: cam.stats.state == "ended", 60, "the file to end")
+    wait_until(lambda: consumer.count("f") == 300, 5, "every frame taken")
+    assert [f for _, f in consumer.taken] == list(range(300)) and cam.stats.drops == 0
+
+
+def test_realtime_file_with_fps_cap_and_slow_consumer_drops(demo: DemoAssets, rig) -> None:
+    cond, stop = rig
+    cam = camera({"name": "f", "uri": f"file://{demo.video}", "fps_max": 5}, cond, stop)
+    cam.start()  # nobody takes frames: each new one replaces the last, counted as a drop
+    time.sleep(2.2)
+    s = cam.stats
+    assert s.state == "up" and 9 <= s.frames <= 13 and s.drops == s.frames - 1
+
+
+def test_file_that_disappears_reconnects_while_another_camera_serves(
+    demo: DemoAssets, rig, tmp_path: Path
+) -> None:
+    cond, stop = rig
+    video = tmp_path / "cam.mp4"
+    shutil.copy(demo.video, video)
+    flaky = camera({"name": "flaky", "uri": f"file://{video}", "loop": True, "fps_max": 30,
+                    "reconnect_min_s": 0.2, "reconnect_max_s": 0.4}, cond, stop)  # fmt: skip
+    steady = camera({"name": "steady", "uri": "synthetic://?fps=20", "fps_max": 20}, cond, stop)
+    consumer = Consumer([flaky, steady], cond, stop)
+    flaky.start()
+    steady.start()
+    wait_until(lambda: consumer.count("flaky") > 10, 10, "frames from the file camera")
+    video.unlink()  # the open file keeps playing to its end; the reopen for the loop then fails
+    wait_until(lambda: flaky.stats.state == "down", 40, "the file camera to go down")
+    assert "no such file" in flaky.stats.last_error
+    before = consumer.count("steady")
+    time.sleep(1.0)
+    assert consumer.count("steady") >= before + 10, "the other camera kept serving"
+    shutil.copy(demo.video, video)
+    wait_until(lambda: flaky.stats.state == "up" and flaky.stats.reconnects == 1, 10, "the file camera to reconnect")
+    n = consumer.count("flaky")
+    wait_until(lambda: consumer.count("flaky") > n + 5, 10, "frames after the reconnect")
+
+
+def mjpeg_server(port: int, *args: str) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen([sys.executable, str(HERE / "mjpeg_server.py"), str(port), *args])
+    time.sleep(0.3)
+    return p
+
+
+def test_network_camera_that_dies_reconnects_with_backoff(rig) -> None:
+    cond, stop = rig
+    port = free_port()
+    server = mjpeg_server(port)
+    try:
+        cam = camera({"name": "ip", "uri": f"http://127.0.0.1:{port}/stream.mjpg", "fps_max": 30,
+                      "stall_timeout_s": 2, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0}, cond, stop)  # fmt: skip
+        steady = camera({"name": "steady", "uri": "synthetic://?fps=20", "fps_max": 20}, cond, stop)
+        consumer = Consumer([cam, steady], cond, stop)
+        cam.start()
+        steady.start()
+        wait_until(lambda: consumer.count("ip") > 10, 15, "frames from the network camera")
+        server.kill()  # a real process killed with a real signal
+        server.wait()
+        wait_until(lambda: cam.stats.state == "down", 10, "the camera to notice")
+        time.sleep(2.0)  # several failed attempts with backoff, not a tight loop
+        before = consumer.count("steady")
+        time.sleep(0.5)
+        assert consumer.count("steady") > before
+        server = mjpeg_server(port)
+        wait_until(lambda: cam.stats.state == "up" and cam.stats.reconnects >= 1, 10, "reconnect")
+        n = consumer.count("ip")
+        wait_until(lambda: consumer.count("ip") > n + 10, 10, "frames after the reconnect")
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_stalled_network_camera_counts_a_stall(rig) -> None:
+    cond, stop = rig
+    port = free_port()
+    server = mjpeg_server(port, "--hang-after", "20")
+    try:
+        cam = camera({"name": "ip", "uri": f"http://127.0.0.1:{port}/s.mjpg", "stall_timeout_s": 1.5,
+                      "reconnect_min_s": 0.2, "reconnect_max_s": 0.5}, cond, stop)  # fmt: skip
+        Consumer([cam], cond, stop)
+        cam.start()
+        wait_until(lambda: cam.stats.stalls >= 1, 20, "a stall to be detected")
+        wait_until(lambda: cam.stats.reconnects >= 1, 10, "a reconnect after the stall")
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_unsupported_sources_give_clear_errors(tmp_path: Path) -> None:
+    def cfg(uri: str) -> CameraConfig:
+        return CameraConfig(name="c", uri=uri)
+
+    with pytest.raises(CaptureError, match="no such file"):
+        open_source(cfg(f"file://{tmp_path}/none.mp4"))
+    if not _has_gstreamer():
+        with pytest.raises(CaptureError, match="built without GStreamer, which csi:// needs"):
+            open_source(cfg("csi://0"))
+    with pytest.raises(CaptureError, match="bad synthetic parameters"):
+        open_source(cfg("synthetic://?width=abc"))
+    (tmp_path / "junk.mp4").write_bytes(b"not a video")
+    with pytest.raises(CaptureError, match="cannot open"):
+        open_source(cfg(f"file://{tmp_path}/junk.mp4"))

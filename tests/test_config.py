@@ -1,0 +1,106 @@
+"""Configuration: validated once, unknown keys rejected, errors name key path and file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edged.daemon.config import load_config
+from edged.errors import ConfigError
+
+from .conftest import REPO, edged_cli, write_config
+
+MINIMAL = {
+    "device_id": "cam-box",
+    "model": {"package": "pkg"},
+    "cameras": [{"name": "a", "uri": "synthetic://"}, {"name": "b", "uri": "file:///x.mp4"}],
+}
+
+
+def test_shipped_examples_validate() -> None:
+    for name in ("edged.example.yaml", "demo.yaml"):
+        cfg = load_config(REPO / "examples" / name, environ={})
+        assert cfg.cameras
+
+
+def test_defaults_and_relative_paths(tmp_path: Path) -> None:
+    cfg = load_config(write_config(tmp_path / "c.yaml", MINIMAL), environ={})
+    assert cfg.mqtt.port == 1883 and cfg.mqtt.qos == 1 and cfg.model.backend == "auto"
+    assert cfg.model.package == tmp_path / "pkg"
+    assert cfg.topic_root == "edged/cam-box"
+
+
+def test_unknown_key_names_path_and_file(tmp_path: Path) -> None:
+    doc = {**MINIMAL, "mqtt": {"hots": "x"}}
+    path = write_config(tmp_path / "bad.yaml", doc)
+    with pytest.raises(ConfigError, match=r"bad\.yaml: mqtt\.hots: unknown key"):
+        load_config(path, environ={})
+
+
+def test_bad_camera_uri_names_the_list_item(tmp_path: Path) -> None:
+    doc = {**MINIMAL, "cameras": [{"name": "a", "uri": "synthetic://"}, {"name": "b", "uri": "ftp://x"}]}
+    with pytest.raises(ConfigError, match=r"cameras\[1\]\.uri: scheme must be one of"):
+        load_config(write_config(tmp_path / "c.yaml", doc), environ={})
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"device_id": "a/b"}, r"device_id: must be 1-64"),
+        ({"mqtt": {"port": 70000}}, r"mqtt\.port: Input should be less than or equal to 65535"),
+        ({"model": {}}, r"model: set exactly one of model\.package"),
+        ({"cameras": []}, r"cameras: List should have at least 1 item"),
+        ({"cameras": [{"name": "a", "uri": "synthetic://"}] * 2}, r"camera names must be unique; repeated: a"),
+        ({"detection": {"score_threshold": 2}}, r"detection\.score_threshold"),
+        ({"mqtt": {"tls": {"cert_file": "c.pem"}}}, r"mqtt\.tls\.ca_file: Field required"),
+    ],
+)
+def test_invalid_values(tmp_path: Path, patch: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(write_config(tmp_path / "c.yaml", {**MINIMAL, **patch}), environ={})
+
+
+def test_not_yaml_and_not_a_mapping(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("device_id: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "a.yaml", environ={})
+    (tmp_path / "b.yaml").write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(tmp_path / "b.yaml", environ={})
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml", environ={})
+
+
+def test_environment_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_config(tmp_path / "c.yaml", MINIMAL)
+    monkeypatch.setenv("EDGED_DEVICE_ID", "orin-07")
+    monkeypatch.setenv("EDGED_MQTT__PORT", "8883")
+    monkeypatch.setenv("EDGED_MQTT__HOST", "broker.site")
+    monkeypatch.setenv("EDGED_CAMERAS__1__URI", "rtsp://10.0.0.5/s1")
+    monkeypatch.setenv("EDGED_DETECTION__LABELS", "[face, person]")
+    cfg = load_config(path)
+    assert cfg.device_id == "orin-07" and cfg.mqtt.port == 8883 and cfg.mqtt.host == "broker.site"
+    assert cfg.cameras[1].uri == "rtsp://10.0.0.5/s1" and cfg.cameras[0].uri == "synthetic://"
+    assert cfg.detection.labels == ["face", "person"]
+
+
+def test_environment_override_errors_name_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_config(tmp_path / "c.yaml", MINIMAL)
+    monkeypatch.setenv("EDGED_CAMERAS__5__URI", "synthetic://")
+    with pytest.raises(ConfigError, match="EDGED_CAMERAS__5__URI: no list item 5"):
+        load_config(path)
+    monkeypatch.delenv("EDGED_CAMERAS__5__URI")
+    monkeypatch.setenv("EDGED_MQTT__PROT", "1")
+    with pytest.raises(ConfigError, match=r"mqtt\.prot: unknown key"):
+        load_config(path)
+
+
+def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
+    good = edged_cli("check-config", "-c", str(REPO / "examples" / "edged.example.yaml"), "--no-model")
+    assert good.returncode == 0, good.stderr
+    assert "config valid" in good.stdout
+    bad = write_config(tmp_path / "bad.yaml", {**MINIMAL, "inference": {"max_wait": 5}})
+    run = edged_cli("check-config", "-c", str(bad))
+    assert run.returncode == 1
+    assert "bad.yaml: inference.max_wait: unknown key" in run.stderr

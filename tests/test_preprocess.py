@@ -1,0 +1,67 @@
+"""Preprocessing into preallocated rows, and the way back to source pixels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edged.daemon.preprocess import Preprocessor
+from edged.models.package import InputSpec
+
+
+def spec(**kw: object) -> InputSpec:
+    base: dict[str, object] = {"name": "x", "shape": [2, 64, 64, 3], "layout": "NHWC"}
+    base.update(kw)
+    return InputSpec.model_validate(base)
+
+
+def test_letterbox_geometry_and_round_trip() -> None:
+    pre = Preprocessor(spec(resize="letterbox", pad_value=0))
+    frame = np.full((100, 200, 3), 200, np.uint8)  # wide: 200x100 -> 64x32, padded 16 above and below
+    row = pre.new_row()
+    t = pre.run(frame, row)
+    assert (t.scale_x, t.scale_y, t.pad_x, t.pad_y) == (0.32, 0.32, 0.0, 16.0)
+    assert np.all(row[:16] == 0) and np.all(row[48:] == 0) and np.all(row[16:48] == 200)
+    back = t.to_source(np.array([[0, 16, 64, 48], [32, 32, 32, 32]], np.float32))
+    assert np.allclose(back, [[0, 0, 200, 100], [100, 50, 100, 50]])
+
+
+def test_stretch_and_clipping() -> None:
+    pre = Preprocessor(spec(resize="stretch"))
+    t = pre.run(np.zeros((32, 128, 3), np.uint8), pre.new_row())
+    assert (t.scale_x, t.scale_y, t.pad_x, t.pad_y) == (0.5, 2.0, 0, 0)
+    assert np.allclose(t.to_source(np.array([[-10, -10, 100, 100]], np.float32)), [[0, 0, 128, 32]])
+
+
+def test_colour_order_scale_mean_std_nhwc() -> None:
+    s = spec(color="RGB", scale=1.0, mean=[127.5] * 3, std=[127.5] * 3, resize="stretch")
+    pre = Preprocessor(s)
+    frame = np.zeros((64, 64, 3), np.uint8)
+    frame[..., 0] = 255  # blue in BGR
+    row = pre.new_row()
+    pre.run(frame, row)
+    assert row.dtype == np.float32 and row.shape == (64, 64, 3)
+    assert np.allclose(row[..., 2], 1.0) and np.allclose(row[..., 0], -1.0)  # blue went last (RGB)
+
+
+def test_nchw_imagenet_normalisation() -> None:
+    s = spec(shape=[1, 3, 8, 8], layout="NCHW", color="BGR", mean=[10, 20, 30], std=[2, 4, 5], resize="stretch")
+    pre = Preprocessor(s)
+    frame = np.dstack([np.full((8, 8), v, np.uint8) for v in (20, 40, 80)])
+    row = pre.new_row()
+    pre.run(frame, row)
+    assert row.shape == (3, 8, 8)
+    assert np.allclose(row[0], 5.0) and np.allclose(row[1], 5.0) and np.allclose(row[2], 10.0)
+
+
+def test_grey_frames_are_accepted_and_sizes_may_change() -> None:
+    pre = Preprocessor(spec())
+    row = pre.new_row()
+    t1 = pre.run(np.zeros((50, 50), np.uint8), row)
+    t2 = pre.run(np.zeros((30, 90, 3), np.uint8), row)
+    assert (t1.src_width, t2.src_width) == (50, 90)
+
+
+def test_input_spec_rejects_mismatched_channels() -> None:
+    with pytest.raises(ValueError, match="has 4 channels"):
+        spec(shape=[1, 8, 8, 4])
