@@ -1,1 +1,1 @@
-"""edged.daemon"""
+"""edged.daemon: the on-device runtime (config, capture, preprocessing, backends, decoders, publishing)."""

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from edged.models.package import Package, open_package
-
 from edged.errors import EngineLoadError, PackageError
+from edged.models.package import Package, open_package
 
 from .backend import Backend, open_backend
 from .capture import Camera

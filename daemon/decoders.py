@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 import cv2
 import numpy as np
-from edged.models.package import DecoderSpec, InputSpec
 
 from edged.errors import DecoderError
+from edged.models.package import DecoderSpec, InputSpec
 
 from .preprocess import Transform
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from edged.models.package import InputSpec
 
 from .backend import Backend

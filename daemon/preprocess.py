@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
+
 from edged.models.package import InputSpec
 
 _DTYPES = {"float32": np.float32, "float16": np.float16, "uint8": np.uint8}

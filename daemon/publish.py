@@ -188,6 +188,9 @@ class Publisher:
         info = self.client.publish(topic, payload, qos=qos, retain=retain)
         ok = info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS or (info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN and qos > 0)
         if ok and qos > 0:
+            # paho keeps a QoS 1 message it could not send yet and sends it after reconnecting, but leaves
+            # rc=NO_CONN on its info, which makes is_published() raise forever: the message is queued, say so.
+            info.rc = MQTTErrorCode.MQTT_ERR_SUCCESS
             with self._unacked_lock:
                 self._unacked.append(info)
                 while self._unacked and self._unacked[0].is_published():  # PUBACKs come mostly in order

@@ -82,6 +82,7 @@ def watch(
     snapshot: Path | None,
     video: Path | None,
     out: TextIO = sys.stdout,
+    only_detections: bool = False,
 ) -> int:
     """Print messages until `duration_s` passes or `count` results arrived; return results seen."""
     inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
@@ -114,6 +115,8 @@ def watch(
                 results += 1
                 if doc.get("detections"):
                     best = doc
+                elif only_detections:
+                    continue
             print(line_for(topic, doc), file=out, flush=True)
     finally:
         client.disconnect()

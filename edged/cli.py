@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("-c", "--config", required=True, type=Path)
     w.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
     w.add_argument("--count", type=int, metavar="N", help="stop after N results")
+    w.add_argument("--only-detections", action="store_true", help="print only results that have detections")
     w.add_argument(
         "--snapshot",
         type=Path,
@@ -155,7 +156,7 @@ def _watch(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     logging.getLogger().setLevel(logging.WARNING)
-    n = watch(cfg, args.duration, args.count, args.snapshot, args.video)
+    n = watch(cfg, args.duration, args.count, args.snapshot, args.video, only_detections=args.only_detections)
     print(f"watch: {n} results", file=sys.stderr)
     return 0
 

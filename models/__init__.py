@@ -1,1 +1,1 @@
-"""edged.models"""
+"""edged.models: the model package format and the demo-model fetcher."""

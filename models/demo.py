@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
-from edged.models.package import Package, sha256_file, write_package
-from edged.models.rebatch import rebatch
 
 from edged.errors import FetchError
+from edged.models.package import Package, sha256_file, write_package
+from edged.models.rebatch import rebatch
 
 logger = logging.getLogger(__name__)
 
@@ -255,9 +255,8 @@ def _now() -> str:
 
 
 def _cached_package(dest: Path, batch: int) -> Package | None:
-    from edged.models.package import verify_folder
-
     from edged.errors import PackageError
+    from edged.models.package import verify_folder
 
     try:
         pkg = verify_folder(dest)

@@ -57,9 +57,8 @@ class Broker:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.exe, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=open(self.workdir / "broker.log", "ab")
-        )
+        with open(self.workdir / "broker.log", "ab") as log:
+            self.proc = subprocess.Popen([self.exe, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=log)
         wait_until(self._listening, 10, f"mosquitto on port {self.port}")
 
     def _listening(self) -> bool:
@@ -197,13 +196,14 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProc]]:
     def start(config: Path, *args: str, env: dict[str, str] | None = None) -> DaemonProc:
         log = tmp_path / f"daemon-{len(procs)}.log"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        p = subprocess.Popen(
-            [sys.executable, "-m", "edged", "run", "-c", str(config), *args],
-            stdout=open(log, "wb"),
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            cwd=REPO,
-        )
+        with open(log, "wb") as out:
+            p = subprocess.Popen(
+                [sys.executable, "-m", "edged", "run", "-c", str(config), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                cwd=REPO,
+            )
         d = DaemonProc(p, log)
         procs.append(d)
         return d

@@ -78,9 +78,7 @@ def test_realtime_file_with_fps_cap_and_slow_consumer_drops(demo: DemoAssets, ri
     assert s.state == "up" and 9 <= s.frames <= 13 and s.drops == s.frames - 1
 
 
-def test_file_that_disappears_reconnects_while_another_camera_serves(
-    demo: DemoAssets, rig, tmp_path: Path
-) -> None:
+def test_file_that_disappears_reconnects_while_another_camera_serves(demo: DemoAssets, rig, tmp_path: Path) -> None:
     cond, stop = rig
     video = tmp_path / "cam.mp4"
     shutil.copy(demo.video, video)

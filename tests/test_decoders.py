@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import cv2
@@ -17,6 +18,7 @@ from edged.models.demo import DemoAssets
 from edged.models.demo_video import FACES
 from edged.models.package import DecoderSpec, InputSpec
 
+Rows = Mapping[int, Sequence[tuple[int, float, Sequence[float]]]]
 GRIDS = [{"cells": 4, "anchors": 1}, {"cells": 2, "anchors": 2}]  # 16 + 8 anchors on a 64x64 input
 SPEC = InputSpec(name="x", shape=[3, 64, 64, 3], layout="NHWC", resize="letterbox")
 DECODER = DecoderSpec(type="ssd_anchors", params={"grids": GRIDS, "scores": ["s1", "s2"], "boxes": ["b1", "b2"]})
@@ -49,7 +51,7 @@ def constant_model(path: Path, outputs: dict[str, np.ndarray]) -> Path:
     return path
 
 
-def outputs_with(rows: dict[int, list[tuple[int, float, list[float]]]]) -> dict[str, np.ndarray]:
+def outputs_with(rows: Rows) -> dict[str, np.ndarray]:
     """Per batch row: (anchor index over all 24, probability, [dx, dy, w, h]); every other anchor scores ~0."""
     scores = np.full((3, 24, 1), -20.0, np.float32)
     boxes = np.zeros((3, 24, 16), np.float32)
@@ -60,14 +62,14 @@ def outputs_with(rows: dict[int, list[tuple[int, float, list[float]]]]) -> dict[
     return {"s1": scores[:, :16], "s2": scores[:, 16:], "b1": boxes[:, :16], "b2": boxes[:, 16:]}
 
 
-def run(tmp_path: Path, rows: dict[int, list[tuple[int, float, list[float]]]], frames: list[np.ndarray],
-        opts: DecodeOptions = DecodeOptions()):  # fmt: skip
+def run(tmp_path: Path, rows: Rows, frames: list[np.ndarray],
+        opts: DecodeOptions | None = None):  # fmt: skip
     backend = OnnxRuntimeBackend(constant_model(tmp_path / "m.onnx", outputs_with(rows)), threads=1)
     decoder = build_decoder(DECODER, SPEC, ["face"], {o.name: o.shape for o in backend.outputs})
     pre = Preprocessor(SPEC)
     batch = np.zeros(SPEC.shape, np.float32)
     transforms = [pre.run(f, batch[i]) for i, f in enumerate(frames)]
-    return decoder.decode(backend.infer({"x": batch}), transforms, opts)
+    return decoder.decode(backend.infer({"x": batch}), transforms, opts or DecodeOptions())
 
 
 def test_box_decoded_and_letterbox_undone(tmp_path: Path) -> None:
@@ -137,6 +139,7 @@ def test_blazeface_finds_the_face_in_each_photograph(demo: DemoAssets, photo: st
     backend = OnnxRuntimeBackend(pkg.model_path, threads=1)
     decoder = build_decoder(m.decoder, m.input, m.labels, {o.name: o.shape for o in backend.outputs})
     image = cv2.imread(str(demo.root / "raw" / photo))
+    assert image is not None
     batch = np.zeros(m.input.shape, np.float32)
     t = Preprocessor(m.input).run(image, batch[0])
     dets = decoder.decode(backend.infer({m.input.name: batch}), [t], DecodeOptions(score_threshold=0.7))[0]

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The test command: set up, then lint (ruff), type-check (mypy) and run the suite (pytest)
+# against a real mosquitto, real ONNX Runtime, the real demo models and video.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh
+
+echo "test: ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+echo "test: mypy (--python-version 3.10)"
+PYTHON="$PWD/.venv/bin/python" .ci/typecheck
+echo "test: pytest"
+set +e
+.venv/bin/python -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" = 5 ]; then
+  echo "test: pytest collected no tests: the suite is missing, which is an error, not a pass" >&2
+  exit 1
+fi
+exit "$rc"
