@@ -168,6 +168,7 @@ def _fetch_demo(args: argparse.Namespace) -> int:
     for name, pkg in assets.packages.items():
         print(f"fetch-demo: package {name}: {pkg.root}")
     print(f"fetch-demo: video {assets.video} (ground truth {assets.ground_truth})")
+    print(f"fetch-demo: documents {assets.documents} (layout ground truth {assets.documents_truth})")
     return 0
 
 

@@ -13,6 +13,7 @@ Laid out under the cache folder:
     packages/blazeface-front/      BlazeFace 128x128 "front" model, batch B
     packages/picodet-layout/       PicoDet CDLA layout model, batch B, picodet decoder
     video/demo.mp4, video/demo.json  the demo video and its ground-truth face boxes
+    video/documents.mp4, video/documents.json  rendered document pages and their layout regions
 """
 
 from __future__ import annotations
@@ -164,6 +165,8 @@ class DemoAssets:
     packages: dict[str, Package]
     video: Path
     ground_truth: Path
+    documents: Path
+    documents_truth: Path
 
 
 Progress = Callable[[str], None]
@@ -171,7 +174,8 @@ Progress = Callable[[str], None]
 
 def fetch_demo(root: Path | None = None, batch: int = DEFAULT_BATCH, progress: Progress | None = None) -> DemoAssets:
     """Fetch (or find cached), verify and prepare every demo asset. Idempotent."""
-    from edged.models.demo_video import make_demo_video  # cv2 only where the video is needed
+    from edged.models.demo_document import make_document_video  # cv2 only where videos are made
+    from edged.models.demo_video import make_demo_video
 
     say = progress or (lambda msg: logger.info("%s", msg))
     root = (root or default_dir()).expanduser()
@@ -190,7 +194,11 @@ def fetch_demo(root: Path | None = None, batch: int = DEFAULT_BATCH, progress: P
         make_demo_video(raw, video, truth)
     else:
         say(f"demo video cached: {video}")
-    return DemoAssets(root=root, packages=packages, video=video, ground_truth=truth)
+    docs, docs_truth = root / "video" / "documents.mp4", root / "video" / "documents.json"
+    if not (docs.exists() and docs_truth.exists()):
+        say(f"rendering the document pages -> {docs}")
+        make_document_video(raw, docs, docs_truth)
+    return DemoAssets(root, packages, video, truth, docs, docs_truth)
 
 
 def _ensure(art: Artefact, downloads: Path, raw: Path, say: Progress) -> None:

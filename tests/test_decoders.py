@@ -28,24 +28,30 @@ def logit(p: float) -> float:
     return float(np.log(p / (1 - p)))
 
 
-def constant_model(path: Path, outputs: dict[str, np.ndarray]) -> Path:
-    """An ONNX model with input x whose outputs are the given constants (plus 0 * mean(x))."""
+def constant_model(path: Path, outputs: dict[str, np.ndarray], spec: InputSpec = SPEC) -> Path:
+    """An ONNX model with input x whose outputs are the given constants (+ 0 * mean(x), so x is used).
+    Integer constants come out as int32, as TensorRT's EfficientNMS gives num_dets and classes."""
     nodes = [
         helper.make_node("ReduceMean", ["x", "raxes"], ["m"], keepdims=0),
         helper.make_node("Mul", ["m", "zero"], ["z"]),
     ]
     inits = [
         numpy_helper.from_array(np.zeros((), np.float32), "zero"),
-        numpy_helper.from_array(np.array([1, 2, 3], np.int64), "raxes"),
+        numpy_helper.from_array(np.arange(1, len(spec.shape), dtype=np.int64), "raxes"),
     ]
     outs = []
     for name, value in outputs.items():
+        rank = value.ndim
         inits.append(numpy_helper.from_array(value.astype(np.float32), f"{name}_c"))
-        nodes.append(helper.make_node("Add", [f"{name}_c", "z_b"], [name]))
-        outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(value.shape)))
-    nodes.insert(2, helper.make_node("Unsqueeze", ["z", "axes"], ["z_b"]))
-    inits.append(numpy_helper.from_array(np.array([1, 2], np.int64), "axes"))
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, SPEC.shape)
+        inits.append(numpy_helper.from_array(np.arange(1, rank, dtype=np.int64), f"{name}_ax"))
+        nodes.append(helper.make_node("Unsqueeze", ["z", f"{name}_ax"], [f"{name}_z"]))
+        is_int = np.issubdtype(value.dtype, np.integer)
+        nodes.append(helper.make_node("Add", [f"{name}_c", f"{name}_z"], [f"{name}_f" if is_int else name]))
+        if is_int:
+            nodes.append(helper.make_node("Cast", [f"{name}_f"], [name], to=TensorProto.INT32))
+        elem = TensorProto.INT32 if is_int else TensorProto.FLOAT
+        outs.append(helper.make_tensor_value_info(name, elem, list(value.shape)))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, spec.shape)
     g = helper.make_graph(nodes, "constant", [x], outs, inits)
     save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(path))
     return path
@@ -121,8 +127,8 @@ def test_decoder_refuses_mismatched_outputs(tmp_path: Path) -> None:
     with pytest.raises(DecoderError, match="no output 'nope'"):
         build_decoder(DecoderSpec(type="ssd_anchors", params={**DECODER.params, "scores": ["nope", "s2"]}),
                       SPEC, [], shapes)  # fmt: skip
-    with pytest.raises(DecoderError, match="decoder 'yolov8' is not available"):
-        build_decoder(DecoderSpec(type="yolov8"), SPEC, [], shapes)
+    with pytest.raises(DecoderError, match="decoder 'yolov99' is not available"):
+        build_decoder(DecoderSpec(type="yolov99"), SPEC, [], shapes)
 
 
 def iou(a: list[float], b: tuple[float, ...] | list[float]) -> float:
