@@ -22,7 +22,7 @@ from edged.errors import FetchError
 
 WIDTH, HEIGHT, FPS = 816, 1056, 1
 SECONDS_PER_PAGE = 2
-WORDS = [
+WORDS = (
     "edge",
     "inference",
     "camera",
@@ -44,7 +44,6 @@ WORDS = [
     "sample",
     "budget",
     "stream",
-    "network",
     "layer",
     "tensor",
     "quantize",
@@ -70,7 +69,7 @@ WORDS = [
     "that",
     "these",
     "which",
-]
+)
 FONT = cv2.FONT_HERSHEY_SIMPLEX
 
 
@@ -165,7 +164,7 @@ def make_document_video(photos_dir: Path, video: Path, truth: Path, pages: int =
     writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter.fourcc(*"mp4v"), FPS, (WIDTH, HEIGHT))
     if not writer.isOpened():
         raise FetchError(f"{video}: OpenCV cannot write mp4 here")
-    frames = []
+    frames: list[dict[str, object]] = []
     try:
         for p in range(pages):
             img, regions = render_page(photos, p)

@@ -82,8 +82,18 @@ def test_file_that_disappears_reconnects_while_another_camera_serves(demo: DemoA
     cond, stop = rig
     video = tmp_path / "cam.mp4"
     shutil.copy(demo.video, video)
-    flaky = camera({"name": "flaky", "uri": f"file://{video}", "loop": True, "fps_max": 30,
-                    "reconnect_min_s": 0.2, "reconnect_max_s": 0.4}, cond, stop)  # fmt: skip
+    flaky = camera(
+        {
+            "name": "flaky",
+            "uri": f"file://{video}",
+            "loop": True,
+            "fps_max": 30,
+            "reconnect_min_s": 0.2,
+            "reconnect_max_s": 0.4,
+        },
+        cond,
+        stop,
+    )
     steady = camera({"name": "steady", "uri": "synthetic://?fps=20", "fps_max": 20}, cond, stop)
     consumer = Consumer([flaky, steady], cond, stop)
     flaky.start()
@@ -112,8 +122,18 @@ def test_network_camera_that_dies_reconnects_with_backoff(rig) -> None:
     port = free_port()
     server = mjpeg_server(port)
     try:
-        cam = camera({"name": "ip", "uri": f"http://127.0.0.1:{port}/stream.mjpg", "fps_max": 30,
-                      "stall_timeout_s": 2, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0}, cond, stop)  # fmt: skip
+        cam = camera(
+            {
+                "name": "ip",
+                "uri": f"http://127.0.0.1:{port}/stream.mjpg",
+                "fps_max": 30,
+                "stall_timeout_s": 2,
+                "reconnect_min_s": 0.2,
+                "reconnect_max_s": 1.0,
+            },
+            cond,
+            stop,
+        )
         steady = camera({"name": "steady", "uri": "synthetic://?fps=20", "fps_max": 20}, cond, stop)
         consumer = Consumer([cam, steady], cond, stop)
         cam.start()
@@ -140,8 +160,17 @@ def test_stalled_network_camera_counts_a_stall(rig) -> None:
     port = free_port()
     server = mjpeg_server(port, "--hang-after", "20")
     try:
-        cam = camera({"name": "ip", "uri": f"http://127.0.0.1:{port}/s.mjpg", "stall_timeout_s": 1.5,
-                      "reconnect_min_s": 0.2, "reconnect_max_s": 0.5}, cond, stop)  # fmt: skip
+        cam = camera(
+            {
+                "name": "ip",
+                "uri": f"http://127.0.0.1:{port}/s.mjpg",
+                "stall_timeout_s": 1.5,
+                "reconnect_min_s": 0.2,
+                "reconnect_max_s": 0.5,
+            },
+            cond,
+            stop,
+        )
         Consumer([cam], cond, stop)
         cam.start()
         wait_until(lambda: cam.stats.stalls >= 1, 20, "a stall to be detected")

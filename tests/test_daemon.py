@@ -73,8 +73,10 @@ def test_demo_video_faces_reach_a_subscriber(broker, subscribe, start_daemon, de
 
     truth = {f["frame"]: f["faces"] for f in json.loads(demo.ground_truth.read_text())["frames"]}
     recall, precision, n = score(results, truth)
-    print(f"\ndemo video: recall {recall:.3f} precision {precision:.3f} over {n} frames; "
-          f"peak RSS {peak_rss(d.output())} MB")  # fmt: skip
+    print(
+        f"\ndemo video: recall {recall:.3f} precision {precision:.3f} over {n} frames; "
+        f"peak RSS {peak_rss(d.output())} MB"
+    )
     assert recall >= 0.9 and precision >= 0.9
 
     states = [m.json()["state"] for m in sub.on("status")]
@@ -166,8 +168,10 @@ def test_broker_away_at_start_is_not_fatal(start_daemon, demo: DemoAssets, tmp_p
 
 
 def test_bad_config_exits_1_naming_the_key(start_daemon, tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "c.yaml", {"device_id": "x", "model": {"package": "p"},
-                                              "cameras": [{"name": "a", "uri": "synthetic://", "fps": 3}]})  # fmt: skip
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        {"device_id": "x", "model": {"package": "p"}, "cameras": [{"name": "a", "uri": "synthetic://", "fps": 3}]},
+    )
     d = start_daemon(cfg)
     assert d.proc.wait(30) == 1
     assert "c.yaml: cameras[0].fps: unknown key" in d.output()

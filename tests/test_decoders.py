@@ -68,8 +68,7 @@ def outputs_with(rows: Rows) -> dict[str, np.ndarray]:
     return {"s1": scores[:, :16], "s2": scores[:, 16:], "b1": boxes[:, :16], "b2": boxes[:, 16:]}
 
 
-def run(tmp_path: Path, rows: Rows, frames: list[np.ndarray],
-        opts: DecodeOptions | None = None):  # fmt: skip
+def run(tmp_path: Path, rows: Rows, frames: list[np.ndarray], opts: DecodeOptions | None = None):
     backend = OnnxRuntimeBackend(constant_model(tmp_path / "m.onnx", outputs_with(rows)), threads=1)
     decoder = build_decoder(DECODER, SPEC, ["face"], {o.name: o.shape for o in backend.outputs})
     pre = Preprocessor(SPEC)
@@ -120,13 +119,15 @@ def test_empty_output_and_label_filter(tmp_path: Path) -> None:
 def test_decoder_refuses_mismatched_outputs(tmp_path: Path) -> None:
     backend = OnnxRuntimeBackend(constant_model(tmp_path / "m.onnx", outputs_with({})), threads=1)
     shapes = {o.name: o.shape for o in backend.outputs}
-    wrong = DecoderSpec(type="ssd_anchors", params={"grids": [{"cells": 4, "anchors": 2}], "scores": ["s1"],
-                                                    "boxes": ["b1"]})  # fmt: skip
+    wrong = DecoderSpec(
+        type="ssd_anchors", params={"grids": [{"cells": 4, "anchors": 2}], "scores": ["s1"], "boxes": ["b1"]}
+    )
     with pytest.raises(DecoderError, match="grids give 32 anchors, the outputs have 16 scores"):
         build_decoder(wrong, SPEC, ["face"], shapes)
     with pytest.raises(DecoderError, match="no output 'nope'"):
-        build_decoder(DecoderSpec(type="ssd_anchors", params={**DECODER.params, "scores": ["nope", "s2"]}),
-                      SPEC, [], shapes)  # fmt: skip
+        build_decoder(
+            DecoderSpec(type="ssd_anchors", params={**DECODER.params, "scores": ["nope", "s2"]}), SPEC, [], shapes
+        )
     with pytest.raises(DecoderError, match="decoder 'yolov99' is not available"):
         build_decoder(DecoderSpec(type="yolov99"), SPEC, [], shapes)
 

@@ -25,8 +25,15 @@ YOLO_SPEC = InputSpec(name="x", shape=[2, 3, 64, 64], layout="NCHW", scale=1 / 2
 WIDE = np.zeros((64, 128, 3), np.uint8)  # letterboxed into 64x64: scale 0.5, 16 rows of padding above
 
 
-def decode(tmp_path: Path, spec: InputSpec, decoder: dict[str, Any], outputs: dict[str, np.ndarray],
-           labels: list[str], frames: list[np.ndarray], opts: DecodeOptions | None = None) -> list[list[Detection]]:  # fmt: skip
+def decode(
+    tmp_path: Path,
+    spec: InputSpec,
+    decoder: dict[str, Any],
+    outputs: dict[str, np.ndarray],
+    labels: list[str],
+    frames: list[np.ndarray],
+    opts: DecodeOptions | None = None,
+) -> list[list[Detection]]:
     backend = OnnxRuntimeBackend(constant_model(tmp_path / "m.onnx", outputs, spec), threads=1)
     dec = build_decoder(DecoderSpec.model_validate(decoder), spec, labels, {o.name: o.shape for o in backend.outputs})
     pre = Preprocessor(spec)
@@ -48,15 +55,23 @@ def test_yolov8(tmp_path: Path) -> None:
     out[0, :, 9] = [50, 50, 8, 8, 0.0, 0.4, 0.0]  # below the threshold
     dets = decode(tmp_path, YOLO_SPEC, {"type": "yolov8"}, {"output0": out}, ["a", "b", "c"], [WIDE, WIDE])
     # input box [22, 15, 42, 25] -> source x / 0.5, (y - 16) / 0.5, clipped at 0
-    assert sorted(summary(dets[0])) == sorted([
-        ("b", 0.9, [44.0, 0.0, 84.0, 18.0]),
-        ("a", 0.9, [12.0, 40.0, 28.0, 56.0]),
-        ("c", 0.85, [44.0, 0.0, 84.0, 18.0]),
-    ])  # fmt: skip
+    assert sorted(summary(dets[0])) == sorted(
+        [
+            ("b", 0.9, [44.0, 0.0, 84.0, 18.0]),
+            ("a", 0.9, [12.0, 40.0, 28.0, 56.0]),
+            ("c", 0.85, [44.0, 0.0, 84.0, 18.0]),
+        ]
+    )
     assert [d.score for d in dets[0]] == sorted((d.score for d in dets[0]), reverse=True)
     assert dets[1] == []  # an all-zero row decodes to nothing
-    transposed = decode(tmp_path, YOLO_SPEC, {"type": "yolov8", "params": {"transposed": True}},
-                        {"output0": out.transpose(0, 2, 1).copy()}, ["a", "b", "c"], [WIDE])  # fmt: skip
+    transposed = decode(
+        tmp_path,
+        YOLO_SPEC,
+        {"type": "yolov8", "params": {"transposed": True}},
+        {"output0": out.transpose(0, 2, 1).copy()},
+        ["a", "b", "c"],
+        [WIDE],
+    )
     assert sorted(summary(transposed[0])) == sorted(summary(dets[0]))
 
 
@@ -87,8 +102,15 @@ def test_efficient_nms_tensorrt_outputs(tmp_path: Path) -> None:
     dets = decode(tmp_path, YOLO_SPEC, {"type": "efficient_nms"}, outs, ["a", "b", "c"], [WIDE, WIDE])
     assert summary(dets[0]) == [("c", 0.8, [44.0, 0.0, 84.0, 18.0]), ("a", 0.6, [0.0, 0.0, 20.0, 20.0])]
     assert dets[1] == []
-    high = decode(tmp_path, YOLO_SPEC, {"type": "efficient_nms"}, outs, ["a", "b", "c"], [WIDE],
-                  DecodeOptions(score_threshold=0.7))  # fmt: skip
+    high = decode(
+        tmp_path,
+        YOLO_SPEC,
+        {"type": "efficient_nms"},
+        outs,
+        ["a", "b", "c"],
+        [WIDE],
+        DecodeOptions(score_threshold=0.7),
+    )
     assert [d.label for d in high[0]] == ["c"]
 
 
@@ -104,16 +126,30 @@ def test_classify(tmp_path: Path) -> None:
     logits = np.array([[0.0, 2.0, 1.0, -1.0], [5.0, 0.0, 0.0, 0.0]], np.float32)
     spec = InputSpec(name="x", shape=[2, 3, 8, 8], layout="NCHW", resize="stretch")
     frames = [np.zeros((20, 30, 3), np.uint8)] * 2
-    dets = decode(tmp_path, spec, {"type": "classify", "params": {"top_k": 2}}, {"logits": logits},
-                  ["w", "x", "y", "z"], frames, DecodeOptions(score_threshold=0.2))  # fmt: skip
+    dets = decode(
+        tmp_path,
+        spec,
+        {"type": "classify", "params": {"top_k": 2}},
+        {"logits": logits},
+        ["w", "x", "y", "z"],
+        frames,
+        DecodeOptions(score_threshold=0.2),
+    )
     p = np.exp(logits[0]) / np.exp(logits[0]).sum()
     assert summary(dets[0]) == [
         ("x", round(float(p[1]), 4), [0, 0, 30, 20]),
         ("y", round(float(p[2]), 4), [0, 0, 30, 20]),
     ]
     assert [d.label for d in dets[1]] == ["w"]
-    sig = decode(tmp_path, spec, {"type": "classify", "params": {"activation": "sigmoid"}}, {"logits": logits},
-                 ["w", "x", "y", "z"], frames[:1], DecodeOptions(score_threshold=0.7))  # fmt: skip
+    sig = decode(
+        tmp_path,
+        spec,
+        {"type": "classify", "params": {"activation": "sigmoid"}},
+        {"logits": logits},
+        ["w", "x", "y", "z"],
+        frames[:1],
+        DecodeOptions(score_threshold=0.7),
+    )
     assert [d.label for d in sig[0]] == ["x", "y"]
 
 
@@ -131,18 +167,26 @@ def test_picodet_distributions(tmp_path: Path) -> None:
     frames = [np.zeros((64, 64, 3), np.uint8), np.zeros((64, 64, 3), np.uint8)]
     dec = {"type": "picodet", "params": {"strides": [8, 16], "reg_max": 3}}
     dets = decode(tmp_path, spec, dec, outs, ["text", "title"], frames)
-    assert sorted(summary(dets[0])) == sorted([  # source is 2x the input
-        ("title", 0.9, [8.0, 8.0, 40.0, 40.0]),
-        ("text", 0.7, [16.0, 16.0, 48.0, 48.0]),
-        ("text", 0.6, [8.0, 8.0, 40.0, 40.0]),
-    ])  # fmt: skip
+    assert sorted(summary(dets[0])) == sorted(
+        [  # source is 2x the input
+            ("title", 0.9, [8.0, 8.0, 40.0, 40.0]),
+            ("text", 0.7, [16.0, 16.0, 48.0, 48.0]),
+            ("text", 0.6, [8.0, 8.0, 40.0, 40.0]),
+        ]
+    )
     assert dets[1] == []
     with pytest.raises(DecoderError, match="reg_max 7 needs 32"):
         decode(tmp_path, spec, {"type": "picodet", "params": {"strides": [8, 16]}}, outs, ["a", "b"], frames)
 
 
-def reference_picodet(outputs: list[np.ndarray], scale: tuple[float, float], thr: float, iou_thr: float,
-                      strides: list[int], input_hw: tuple[int, int]) -> list[tuple[int, float, list[float]]]:  # fmt: skip
+def reference_picodet(
+    outputs: list[np.ndarray],
+    scale: tuple[float, float],
+    thr: float,
+    iou_thr: float,
+    strides: list[int],
+    input_hw: tuple[int, int],
+) -> list[tuple[int, float, list[float]]]:
     """A plain re-implementation of rapid-layout's PicoDet post-processing (loops, its own hard NMS)."""
     n = len(outputs) // 2
     boxes_all, scores_all = [], []
@@ -185,8 +229,10 @@ def reference_picodet(outputs: list[np.ndarray], scale: tuple[float, float], thr
 def test_picodet_real_model_matches_reference_on_a_rendered_page(demo: DemoAssets) -> None:
     pkg = demo.packages["picodet-layout"]
     m = pkg.manifest
-    photos = {n: cv2.imread(str(demo.root / "raw" / n)) for n in ("astronaut.png", "coffee.png", "camera.png",
-                                                                  "grace_hopper.jpg")}  # fmt: skip
+    photos = {
+        n: cv2.imread(str(demo.root / "raw" / n))
+        for n in ("astronaut.png", "coffee.png", "camera.png", "grace_hopper.jpg")
+    }
     page, regions = render_page(photos, 0)  # type: ignore[arg-type]
     backend = OnnxRuntimeBackend(pkg.model_path, threads=2)
     decoder = build_decoder(m.decoder, m.input, m.labels, {o.name: o.shape for o in backend.outputs})
@@ -194,8 +240,14 @@ def test_picodet_real_model_matches_reference_on_a_rendered_page(demo: DemoAsset
     t = Preprocessor(m.input).run(page, batch[0])
     outputs = backend.infer({m.input.name: batch})
     ours = decoder.decode(outputs, [t], DecodeOptions(score_threshold=0.5, iou_threshold=0.5))[0]
-    ref = reference_picodet([outputs[o.name][:1] for o in backend.outputs], (t.scale_x, t.scale_y), 0.5, 0.5,
-                            [8, 16, 32, 64], (m.input.height, m.input.width))  # fmt: skip
+    ref = reference_picodet(
+        [outputs[o.name][:1] for o in backend.outputs],
+        (t.scale_x, t.scale_y),
+        0.5,
+        0.5,
+        [8, 16, 32, 64],
+        (m.input.height, m.input.width),
+    )
     assert len(ours) == len(ref) >= 6
     for d in ours:
         match = [r for r in ref if r[0] == d.class_id and abs(r[1] - d.score) < 1e-5]

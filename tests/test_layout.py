@@ -16,8 +16,12 @@ from .conftest import REPO
 
 
 def test_parts_come_from_their_top_level_folders() -> None:
-    for mod, folder in [(edged.daemon, "daemon"), (edged.models, "models"),
-                        (edged.quantize, "quantize"), (edged.deploy, "deploy")]:  # fmt: skip
+    for mod, folder in [
+        (edged.daemon, "daemon"),
+        (edged.models, "models"),
+        (edged.quantize, "quantize"),
+        (edged.deploy, "deploy"),
+    ]:
         assert Path(mod.__file__ or "").resolve().parent == REPO / folder
 
 
