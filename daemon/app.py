@@ -89,7 +89,8 @@ class RunSummary:
 
 
 class Daemon:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, backend: Backend | None = None) -> None:
+        """`backend`: an already open backend for the package (benchmarks pass a stand-in); else one is opened."""
         self.cfg = cfg
         self.boot_id = uuid.uuid4().hex
         self.stop_event = threading.Event()
@@ -98,7 +99,7 @@ class Daemon:
         shutil.rmtree(cfg.state_dir / "staging", ignore_errors=True)  # scratch, wiped at start
         self.package = resolve_package(cfg)
         m = self.package.manifest
-        self.backend = open_backend(
+        self.backend = backend or open_backend(
             m.kind,
             self.package.model_path,
             cfg.model.backend,

@@ -41,7 +41,9 @@ class Backend(Protocol):
     @property
     def memory_bytes(self) -> int: ...
 
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one batch. The arrays returned belong to the caller, who may keep them while the next
+        batch runs (a backend with preallocated output buffers returns copies)."""
 
     def close(self) -> None: ...
 

@@ -1,4 +1,5 @@
-"""The inference thread: gather a fixed batch from ready cameras, run it, decode, hand results on.
+"""The inference thread: gather a fixed batch from ready cameras and run it; a decode thread beside
+it turns the outputs into results while the next batch runs, and hands them on.
 
 It takes at most one frame per camera per batch (the latest), goes as soon as B frames are
 in hand or every live camera has given one, and otherwise waits at most ``max_wait_ms`` after
@@ -9,6 +10,7 @@ fixed) but never decoded or published. The thread owns the backend (and, on a GP
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -39,6 +41,13 @@ class Result:
     @property
     def capture_to_result_ms(self) -> float:
         return (self.done_mono - self.meta.captured_mono) * 1000.0
+
+
+@dataclass(frozen=True)
+class _Batch:
+    outputs: dict[str, np.ndarray]
+    rows: list[tuple[str, FrameMeta]]  # camera name and frame of each real row, in batch order
+    infer_ms: float
 
 
 class Window:
@@ -98,7 +107,9 @@ class InferenceLoop:
         self.stats = InferenceStats()
         self.batch = np.zeros(spec.shape, dtype=cameras[0].rows[0].dtype if cameras else np.float32)
         self._next = 0  # round-robin start, so no camera is always first
+        self._decode_q: queue.Queue[_Batch | None] = queue.Queue(maxsize=2)
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
+        self._decoder_thread = threading.Thread(target=self._decode_loop, name="decode", daemon=True)
 
     def warm_up(self, batches: int) -> float:
         """Run `batches` batches of padding before serving; return the last one's time in ms."""
@@ -111,9 +122,11 @@ class InferenceLoop:
 
     def start(self) -> None:
         self._thread.start()
+        self._decoder_thread.start()
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
+        self._decoder_thread.join(timeout)
 
     @property
     def alive(self) -> bool:
@@ -157,33 +170,51 @@ class InferenceLoop:
         return taken
 
     def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                taken = self._gather()
+                if taken:
+                    self._run_batch(taken)
+        finally:
+            self._decode_q.put(None)  # the decode thread finishes what is queued, then ends
+
+    def _run_batch(self, taken: list[tuple[Camera, int, FrameMeta]]) -> None:
+        for i, (cam, idx, _) in enumerate(taken):
+            np.copyto(self.batch[i], cam.rows[idx])
+        with self.cond:
+            for cam, idx, _ in taken:
+                cam.release_locked(idx)
+        t0 = time.perf_counter()
+        try:
+            outputs = self.backend.infer({self.spec.name: self.batch})
+        except Exception:  # a loop boundary: log once with the traceback, count, drop the batch
+            self._count_error("inference")
+            return
+        infer_ms = (time.perf_counter() - t0) * 1000.0
+        self.stats.batches += 1
+        self.stats.rows += len(taken)
+        self.stats.padded_rows += self.spec.batch - len(taken)
+        self.stats.infer_ms.add(infer_ms)
+        self.stats.last_progress = time.monotonic()
+        # Decoding overlaps the next batch's inference; the bounded queue holds the engine back
+        # (and so makes cameras drop frames) if decoding ever falls behind.
+        self._decode_q.put(_Batch(outputs, [(cam.name, meta) for cam, _, meta in taken], infer_ms))
+
+    def _decode_loop(self) -> None:
         name, version = self.model
-        while not self._stop.is_set():
-            taken = self._gather()
-            if not taken:
-                continue
-            for i, (cam, idx, _) in enumerate(taken):
-                np.copyto(self.batch[i], cam.rows[idx])
-            with self.cond:
-                for cam, idx, _ in taken:
-                    cam.release_locked(idx)
-            t0 = time.perf_counter()
+        while (batch := self._decode_q.get()) is not None:
             try:
-                outputs = self.backend.infer({self.spec.name: self.batch})
-                infer_ms = (time.perf_counter() - t0) * 1000.0
-                dets = self.decoder.decode(outputs, [m.transform for _, _, m in taken], self.opts)
-            except Exception:  # a loop boundary: log once with the traceback, count, drop the batch
-                self.stats.errors += 1
-                if self.stats.errors <= 3 or self.stats.errors % 100 == 0:
-                    logger.exception("inference: batch failed (%d so far); dropping it", self.stats.errors)
+                dets = self.decoder.decode(batch.outputs, [m.transform for _, m in batch.rows], self.opts)
+            except Exception:  # a loop boundary, as above
+                self._count_error("decoding")
                 continue
             done = time.monotonic()
-            self.stats.batches += 1
-            self.stats.rows += len(taken)
-            self.stats.padded_rows += self.spec.batch - len(taken)
-            self.stats.infer_ms.add(infer_ms)
-            self.stats.last_progress = done
-            for (cam, _, meta), row_dets in zip(taken, dets, strict=True):
-                result = Result(cam.name, meta, row_dets, infer_ms, done, name, version)
+            for (camera, meta), row_dets in zip(batch.rows, dets, strict=True):
+                result = Result(camera, meta, row_dets, batch.infer_ms, done, name, version)
                 self.stats.capture_to_result_ms.add(result.capture_to_result_ms)
                 self.sink(result)
+
+    def _count_error(self, stage: str) -> None:
+        self.stats.errors += 1
+        if self.stats.errors <= 3 or self.stats.errors % 100 == 0:
+            logger.exception("%s: batch failed (%d so far); dropping it", stage, self.stats.errors)

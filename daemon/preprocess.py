@@ -51,8 +51,9 @@ class Preprocessor:
         self._color = np.empty((spec.height, spec.width, c), np.uint8)
         self._float = np.empty((spec.height, spec.width, c), np.float32)
         self._resized = np.empty((0, 0, c), np.uint8)
-        self._mul = (np.float32(spec.scale) / np.asarray(spec.std, np.float32)).reshape(1, 1, c)
-        self._add = (-np.asarray(spec.mean, np.float32) / np.asarray(spec.std, np.float32)).reshape(1, 1, c)
+        std = np.asarray(spec.std, np.float64)
+        self._mul = (*(spec.scale / std).tolist(), 0.0)  # cv2 scalars: 4 components, one per channel
+        self._add = (*(-np.asarray(spec.mean, np.float64) / std).tolist(), 0.0)
         self._src_size: tuple[int, int] | None = None
         self._transform: Transform | None = None
         self._inner: tuple[slice, slice, tuple[int, int]] | None = None
@@ -83,10 +84,11 @@ class Preprocessor:
             frame = cv2.cvtColor(frame, cv2.COLOR_GRAY2BGR)
         h, w = frame.shape[:2]
         t, (ys, xs, size) = self._geometry(w, h)
-        interp = cv2.INTER_AREA if size[0] < w else cv2.INTER_LINEAR
+        # Bilinear, as Ultralytics' letterbox and DeepStream scale: INTER_AREA antialiases better but
+        # costs ~20x more on a 960x540 -> 256x144 downscale (3 ms against 0.15 ms here).
         if self._resized.shape[:2] != (size[1], size[0]):
             self._resized = np.empty((size[1], size[0], 3), np.uint8)
-        cv2.resize(frame, size, dst=self._resized, interpolation=interp)
+        cv2.resize(frame, size, dst=self._resized, interpolation=cv2.INTER_LINEAR)
         self._canvas[ys, xs] = self._resized
         if self.spec.color == "RGB":
             cv2.cvtColor(self._canvas, cv2.COLOR_BGR2RGB, dst=self._color)
@@ -95,9 +97,19 @@ class Preprocessor:
         if self.dtype == np.uint8:
             self._write(self._color, out)
             return t
-        np.multiply(self._color, self._mul, out=self._float, casting="unsafe")
-        np.add(self._float, self._add, out=self._float)
-        self._write(self._float, out)
+        # (x * scale - mean) / std per channel, with OpenCV's per-channel scalars: one pass each, no
+        # NumPy broadcasting over a 3-long inner axis (which costs ~5x more).
+        if self.spec.layout == "NHWC" and out.dtype == np.float32:
+            cv2.multiply(self._color, self._mul, dst=out, dtype=cv2.CV_32F)  # type: ignore[call-overload]
+            cv2.add(out, self._add, dst=out)  # type: ignore[call-overload]
+        elif self.spec.layout == "NCHW" and out.dtype == np.float32:
+            for c, plane in enumerate(cv2.split(self._color)):  # planar output straight into the row
+                cv2.multiply(plane, self._mul[c], dst=out[c], dtype=cv2.CV_32F)
+                cv2.add(out[c], self._add[c], dst=out[c])
+        else:  # float16 rows: normalise in float32, then convert
+            cv2.multiply(self._color, self._mul, dst=self._float, dtype=cv2.CV_32F)  # type: ignore[call-overload]
+            cv2.add(self._float, self._add, dst=self._float)  # type: ignore[call-overload]
+            self._write(self._float, out)
         return t
 
     def _write(self, src: np.ndarray, out: np.ndarray) -> None:

@@ -177,3 +177,29 @@ def test_bad_config_exits_1_naming_the_key(start_daemon, tmp_path: Path) -> None
     assert "c.yaml: cameras[0].fps: unknown key" in d.output()
     assert "Traceback" not in d.output()
     time.sleep(0)
+
+
+def test_layout_model_runs_end_to_end_on_documents(
+    broker, subscribe, start_daemon, demo: DemoAssets, tmp_path: Path
+) -> None:
+    sub = subscribe(broker, "edged/#")
+    cams = [{"name": "scanner", "uri": f"file://{demo.documents}", "realtime": False}]
+    doc = base_config(broker, demo, tmp_path, cams, detection={"score_threshold": 0.5, "iou_threshold": 0.5})
+    doc["model"] = {"package": str(demo.packages["picodet-layout"].root), "onnxruntime": {"threads": 2}}
+    d = start_daemon(write_config(tmp_path / "c.yaml", doc))
+    assert d.proc.wait(300) == 0, d.output()[-3000:]
+    results = sub.results()
+    truth = {f["frame"]: f["regions"] for f in json.loads(demo.documents_truth.read_text())["frames"]}
+    assert sorted(r["frame"] for r in results) == sorted(truth)
+    matched = total = 0
+    for r in results:
+        jsonschema.validate(r, SCHEMA)
+        assert r["model"]["name"] == "picodet-layout"
+        for region in truth[r["frame"]]:
+            if region["label"] not in ("title", "text", "figure", "table"):
+                continue
+            total += 1
+            same = [d["box"] for d in r["detections"] if d["label"] == region["label"]]
+            matched += any(iou(region["box"], b) >= 0.5 for b in same)
+    print(f"\nlayout: {matched}/{total} title/text/figure/table regions found at IoU >= 0.5")
+    assert matched / total >= 0.9
