@@ -21,16 +21,21 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+import numpy as np
+
 from edged.errors import EngineLoadError, PackageError
 from edged.models.package import Package, open_package
 
 from .backend import Backend, open_backend
-from .capture import Camera
+from .capture import Camera, Throttle
 from .config import Config
 from .decoders import DecodeOptions, build_decoder
+from .governor import Governor, admit
 from .inference import InferenceLoop, Result, Window
 from .preprocess import Preprocessor
 from .publish import Publisher, iso
+from .sensors import Sensors
+from .systemd import notify
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +91,7 @@ class RunSummary:
     batches: int
     peak_rss_mb: float
     seconds: float
+    stop_reason: str = ""  # set when the governor stopped the daemon (hard memory limit, critical heat)
 
 
 class Daemon:
@@ -99,6 +105,7 @@ class Daemon:
         shutil.rmtree(cfg.state_dir / "staging", ignore_errors=True)  # scratch, wiped at start
         self.package = resolve_package(cfg)
         m = self.package.manifest
+        in_use_mb = _memory_mb().get("rss_mb", 0.0)
         self.backend = backend or open_backend(
             m.kind,
             self.package.model_path,
@@ -110,12 +117,18 @@ class Daemon:
             check_io(self.package, self.backend)
             shapes = {o.name: o.shape for o in self.backend.outputs}
             self.decoder = build_decoder(m.decoder, m.input, m.labels, shapes)
+            row_mb = int(np.prod(m.input.shape[1:])) * np.dtype(m.input.dtype).itemsize / 2**20
+            buffers_mb = row_mb * (3 * len(cfg.cameras) + m.input.batch)
+            admit(self.package.ref, self.backend.memory_bytes / 2**20, buffers_mb, in_use_mb, cfg.memory.budget_mb)
         except Exception:
             self.backend.close()
             raise
         d = cfg.detection
         self.opts = DecodeOptions(d.score_threshold, d.iou_threshold, d.max_detections, frozenset(d.labels))
-        self.cameras = [Camera(c, Preprocessor(m.input), self.cond, self.stop_event) for c in cfg.cameras]
+        self.throttle = Throttle()
+        self.cameras = [
+            Camera(c, Preprocessor(m.input), self.cond, self.stop_event, throttle=self.throttle) for c in cfg.cameras
+        ]
         self.cam_latency = {c.name: Window() for c in cfg.cameras}
         self.publisher = Publisher(cfg.mqtt, cfg.device_id, cfg.topic_root, self.boot_id, self._status_extra)
         self.loop = InferenceLoop(
@@ -131,10 +144,45 @@ class Daemon:
             (m.name, m.version),
         )
         self._last_tel = (time.monotonic(), 0, {c.name: 0 for c in self.cameras})
+        self._last_status_fps = 0.0
+        self.stop_reason = ""
+        self.governor: Governor | None = None
+        if cfg.governor.enabled:
+            sensors = Sensors(cfg.governor.sysfs_root)
+            self.governor = Governor(cfg.governor, cfg.memory, sensors, self.throttle, self._event, self._fatal)
 
     def _status_extra(self) -> dict[str, Any]:
         m = self.package.manifest
         return {"model": {"name": m.name, "version": m.version}}
+
+    def _event(self, doc: dict[str, Any]) -> None:
+        event = {
+            "schema": "edged.event/1",
+            "device": self.cfg.device_id,
+            "boot_id": self.boot_id,
+            "ts": iso(time.time()),
+            **doc,
+        }
+        self.publisher.publish_json("events", event, qos=1)
+
+    def _fatal(self, reason: str) -> None:
+        """The governor's hard stops (memory hard limit, critical temperature with action exit)."""
+        if not self.stop_reason:
+            logger.error("stopping: %s", reason)
+            self.stop_reason = reason
+        self.request_stop()
+
+    def status_line(self) -> str:
+        st = self.loop.stats
+        m = self.package.manifest
+        up = sum(1 for c in self.cameras if c.live)
+        level = self.governor.policy.level.label if self.governor else "off"
+        fps = self._last_status_fps
+        return (
+            f"{fps:.1f} fps, {up}/{len(self.cameras)} cameras up, batch {m.input.batch}, {self.package.ref} on "
+            f"{self.backend.name}, broker {'up' if self.publisher.connected else 'down'}, thermal {level}, "
+            f"{st.errors} errors"
+        )
 
     def _on_result(self, r: Result) -> None:
         self.cam_latency[r.camera].add(r.capture_to_result_ms)
@@ -168,7 +216,19 @@ class Daemon:
             if s.last_error:
                 cams[c.name]["last_error"] = s.last_error
         self._last_tel = (now, st.rows, {c.name: c.stats.frames for c in self.cameras})
+        self._last_status_fps = (st.rows - rows0) / dt_s
         p = self.publisher
+        gov: dict[str, Any] = self.governor.telemetry() if self.governor else {"level": "off"}
+        memory: dict[str, Any] = {
+            **_memory_mb(),
+            "model_mb": round(self.backend.memory_bytes / 2**20, 1),
+            "budget_mb": self.cfg.memory.budget_mb,
+            "rss_slope_mb_per_min": gov.pop("rss_slope_mb_per_min", None),
+        }
+        sensors: dict[str, Any] = gov.pop("sensors", {})
+        for key in ("mem_available_mb", "nvmap_mb"):
+            if key in sensors:
+                memory[key] = sensors.pop(key)
         return {
             "schema": TELEMETRY_SCHEMA,
             "device": self.cfg.device_id,
@@ -196,7 +256,9 @@ class Daemon:
                 "dropped_mqtt_queue": p.dropped_mqtt_queue,
                 "oversized": p.oversized,
             },
-            "memory": {**_memory_mb(), "model_mb": round(self.backend.memory_bytes / 2**20, 1)},
+            "memory": memory,
+            "governor": gov,
+            "sensors": sensors,
         }
 
     def run(self, duration_s: float | None = None, install_signals: bool = True) -> RunSummary:
@@ -222,6 +284,8 @@ class Daemon:
         for c in self.cameras:
             c.start()
         self.loop.start()
+        if self.governor is not None:
+            self.governor.start()
         logger.info(
             "serving %d camera(s) as %s; results on %s/results/<camera>",
             len(self.cameras),
@@ -244,6 +308,7 @@ class Daemon:
                     break
                 if now >= next_tel:
                     self.publisher.publish_json("telemetry", self.telemetry(), qos=0, retain=True)
+                    notify(f"STATUS={self.status_line()}")
                     next_tel = now + self.cfg.telemetry.interval_s
                 self.stop_event.wait(min(0.25, max(0.01, next_tel - now)))
         finally:
@@ -253,6 +318,7 @@ class Daemon:
             self.loop.stats.batches,
             _memory_mb().get("peak_rss_mb", 0.0),
             time.monotonic() - self.started,
+            self.stop_reason,
         )
 
     def _frames_waiting(self) -> bool:
@@ -261,6 +327,8 @@ class Daemon:
 
     def shutdown(self) -> None:
         self.request_stop()
+        if self.governor is not None:
+            self.governor.stop()
         for c in self.cameras:
             c.join(5.0)
         self.loop.join(10.0)

@@ -152,6 +152,18 @@ def open_source(cam: CameraConfig) -> Source:
     raise CaptureError(f"{uri}: unsupported scheme {scheme}://")
 
 
+class Throttle:
+    """What the governor asks of the cameras: a frame-rate scale, or a pause (cameras keep reading,
+    so their health still shows, but offer no frames to inference)."""
+
+    def __init__(self) -> None:
+        self.fps_scale = 1.0
+        self.paused = False
+
+    def set(self, fps_scale: float, paused: bool) -> None:
+        self.fps_scale, self.paused = fps_scale, paused
+
+
 @dataclass
 class FrameMeta:
     frame: int  # index in the file for file://, else frames read since the camera started
@@ -183,6 +195,7 @@ class Camera:
         cond: threading.Condition,
         stop: threading.Event,
         opener: Callable[[CameraConfig], Source] = open_source,
+        throttle: Throttle | None = None,
     ) -> None:
         self.cfg = cfg
         self.name = cfg.name
@@ -190,6 +203,7 @@ class Camera:
         self.cond = cond
         self._stop = stop
         self._opener = opener
+        self.throttle = throttle or Throttle()
         self.rows = [pre.new_row() for _ in range(3)]
         self._meta: list[FrameMeta | None] = [None, None, None]
         self._free = [0, 1, 2]
@@ -311,9 +325,12 @@ class Camera:
             last_frame = now
             frame_no = index
             index += 1
-            if now < next_keep - 0.25 * min_gap:
-                continue  # over the camera's fps cap; a quarter frame of jitter is tolerated
-            next_keep = max(next_keep, now - 0.25 * min_gap) + min_gap
+            if self.throttle.paused:
+                continue  # paused by the governor: keep reading (health), offer nothing
+            gap = min_gap / self.throttle.fps_scale if min_gap else 0.0
+            if now < next_keep - 0.25 * gap:
+                continue  # over the camera's (governed) fps cap; a quarter frame of jitter is tolerated
+            next_keep = max(next_keep, now - 0.25 * gap) + gap
             if not self._offer(frame, frame_no, now):
                 break
         return "stopped", index > 0

@@ -126,6 +126,41 @@ class TelemetryConfig(_Strict):
     interval_s: float = Field(5.0, ge=0.5, le=3600)
 
 
+class GovernorConfig(_Strict):
+    enabled: bool = True
+    interval_s: float = Field(1.0, ge=0.1, le=60)
+    sysfs_root: Path = Path("/")
+    zones: list[str] = []
+    warm_c: float = Field(85.0, ge=0, le=150)
+    hot_c: float = Field(90.0, ge=0, le=150)
+    critical_c: float = Field(97.0, ge=0, le=150)
+    hysteresis_c: float = Field(5.0, ge=0, le=50)
+    min_dwell_s: float = Field(10.0, ge=0, le=3600)
+    warm_fps_scale: float = Field(0.5, gt=0, le=1)
+    critical_action: Literal["pause", "exit"] = "exit"
+    power_cap_w: float | None = Field(None, gt=0, le=1000)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> GovernorConfig:
+        if not self.warm_c < self.hot_c < self.critical_c:
+            raise ValueError(
+                f"thresholds must rise: warm_c {self.warm_c} < hot_c {self.hot_c} < critical_c {self.critical_c}"
+            )
+        return self
+
+
+class MemoryConfig(_Strict):
+    budget_mb: float = Field(4096.0, gt=0, le=1_000_000)
+    soft_limit_pct: float = Field(85.0, gt=0, le=100)
+    hard_limit_pct: float = Field(95.0, gt=0, le=100)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> MemoryConfig:
+        if self.soft_limit_pct >= self.hard_limit_pct:
+            raise ValueError("soft_limit_pct must be below hard_limit_pct")
+        return self
+
+
 class Config(_Strict):
     device_id: str
     state_dir: Path = Path("/var/lib/edged")
@@ -135,6 +170,8 @@ class Config(_Strict):
     inference: InferenceConfig = InferenceConfig()
     detection: DetectionConfig = DetectionConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    governor: GovernorConfig = GovernorConfig()
+    memory: MemoryConfig = MemoryConfig()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("device_id")
@@ -238,8 +275,17 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
         )
     mqtt = mqtt.model_copy(update={"tls": tls, "password_file": fix(mqtt.password_file)})
     model = cfg.model.model_copy(update={"package": fix(cfg.model.package)})
+    governor = cfg.governor.model_copy(update={"sysfs_root": fix(cfg.governor.sysfs_root)})
     cameras = [
         c.model_copy(update={"uri": "file://" + str(fix(Path(c.uri[7:])))}) if c.uri.startswith("file://") else c
         for c in cfg.cameras
     ]
-    return cfg.model_copy(update={"mqtt": mqtt, "model": model, "cameras": cameras, "state_dir": fix(cfg.state_dir)})
+    return cfg.model_copy(
+        update={
+            "mqtt": mqtt,
+            "model": model,
+            "cameras": cameras,
+            "state_dir": fix(cfg.state_dir),
+            "governor": governor,
+        }
+    )

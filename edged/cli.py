@@ -71,6 +71,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--video", type=Path, metavar="FILE", help="the video a file:// camera plays")
 
+    tel = sub.add_parser(
+        "telemetry",
+        help="print one reading of thermals, power, GPU load, power mode and memory",
+        description="Read the sensors the governor uses, once, and print them.",
+    )
+    tel.add_argument("--root", type=Path, default=Path("/"), help="where sys/, proc/meminfo, var/lib/nvpmodel are")
+    tel.add_argument("--json", action="store_true", help="print JSON")
+
     model = sub.add_parser("model", help="model packages: fetch-demo")
     msub = model.add_subparsers(dest="model_verb", metavar="MODEL_VERB", required=True)
     fd = msub.add_parser(
@@ -99,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             return _check(args)
         if args.verb == "watch":
             return _watch(args)
+        if args.verb == "telemetry":
+            return _telemetry(args)
         if args.verb == "model" and args.model_verb == "fetch-demo":
             return _fetch_demo(args)
     except EdgedError as exc:
@@ -122,6 +132,9 @@ def _run(args: argparse.Namespace) -> int:
         f"peak RSS {summary.peak_rss_mb:.0f} MB",
         file=sys.stderr,
     )
+    if summary.stop_reason:
+        print(f"edged: stopped by the governor: {summary.stop_reason}", file=sys.stderr)
+        return 3
     return 0
 
 
@@ -158,6 +171,31 @@ def _watch(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(logging.WARNING)
     n = watch(cfg, args.duration, args.count, args.snapshot, args.video, only_detections=args.only_detections)
     print(f"watch: {n} results", file=sys.stderr)
+    return 0
+
+
+def _telemetry(args: argparse.Namespace) -> int:
+    import json
+
+    from edged.daemon.sensors import Sensors
+
+    r = Sensors(args.root).read()
+    if args.json:
+        print(json.dumps({**r.to_json(), "rss_mb": r.rss_mb}, indent=2))
+        return 0
+    temps = ", ".join(f"{k} {v:.1f} °C" for k, v in r.temps_c.items()) or "none"
+    rails = ", ".join(f"{k} {v:.2f} W" for k, v in r.rails_w.items()) or "none"
+    print(f"thermal: {temps}")
+    total = "n/a" if r.power_w is None else f"{r.power_w:.2f} W ({r.power_source})"
+    print(f"power: {total}; rails: {rails}")
+    if r.oc_events:
+        print("over-current events: " + ", ".join(f"{k} {v}" for k, v in r.oc_events.items()))
+    if r.gpu:
+        print(f"gpu: {r.gpu} load {r.gpu_load_pct} %, {r.gpu_freq_mhz} MHz")
+    print(f"power mode: {r.power_mode or 'n/a'}")
+    print(f"memory: this process {r.rss_mb} MB, available {r.mem_available_mb} MB, nvmap {r.nvmap_mb} MB")
+    if r.missing:
+        print(f"not on this machine: {', '.join(r.missing)}")
     return 0
 
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -160,7 +160,12 @@ def write_config(path: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
-def base_config(b: Broker, demo: DemoAssets, tmp: Path, cameras: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+class Address(Protocol):
+    host: str
+    port: int
+
+
+def base_config(b: Address, demo: DemoAssets, tmp: Path, cameras: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "device_id": "test-01",
         "state_dir": str(tmp / "state"),

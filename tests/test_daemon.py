@@ -161,7 +161,7 @@ def test_broker_away_at_start_is_not_fatal(start_daemon, demo: DemoAssets, tmp_p
         host, port = "127.0.0.1", free_port()
 
     cams = [{"name": "a", "uri": "synthetic://?fps=10"}]
-    cfg = write_config(tmp_path / "c.yaml", base_config(Nowhere(), demo, tmp_path, cams))  # type: ignore[arg-type]
+    cfg = write_config(tmp_path / "c.yaml", base_config(Nowhere(), demo, tmp_path, cams))
     d = start_daemon(cfg, "--duration", "4")
     assert d.proc.wait(60) == 0, d.output()[-2000:]
     assert "serving 1 camera(s)" in d.output()

@@ -124,7 +124,7 @@ def test_daemon_with_bad_model_exits_1_with_clear_error(
     class NoBroker:
         host, port = "127.0.0.1", 1
 
-    doc = base_config(NoBroker(), demo, tmp_path, [{"name": "a", "uri": "synthetic://"}])  # type: ignore[arg-type]
+    doc = base_config(NoBroker(), demo, tmp_path, [{"name": "a", "uri": "synthetic://"}])
     doc["model"]["package"] = str(pkg_copy)
     run = edged_cli("run", "-c", str(write_config(tmp_path / "c.yaml", doc)), "--duration", "5")
     assert run.returncode == 1

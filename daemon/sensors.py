@@ -1,0 +1,236 @@
+"""Readers for thermals, power, GPU load, power mode and memory, across Jetson generations.
+
+Everything is read from files under a root (``/`` on a device; a fixture tree in tests), found once
+at start and then re-read each sample. Every value carries its unit in its name. What a box does not
+have (a generic Linux machine has no INA3221 and no Jetson GPU) is listed in ``missing``; nothing
+here raises for an absent or offline sensor.
+
+    thermal   <root>/sys/devices/virtual/thermal/thermal_zone*/{type,temp}   millidegrees C
+              <root>/sys/class/hwmon/hwmon*/temp*_input (+ name, temp*_label)
+              offline sensors (unreadable, or -256 °C as Jetson reports them) are skipped
+    power     INA3221 under <root>/sys/bus/i2c/devices/*/ whose `name` has "ina3221":
+                JetPack 5+: hwmon/hwmon*/in<N>_label, in<N>_input mV, curr<N>_input mA, curr<N>_crit mA
+                JetPack 4:  iio:device*/rail_name_<N>, in_power<N>_input mW, in_voltage<N>_input mV,
+                            in_current<N>_input mA, crit_current_limit_<N> mA
+              "NC" channels and "sum of shunt voltages" are skipped; the total is VDD_IN or POM_5V_IN,
+              else the sum of the rails
+    over-current  <root>/sys/class/hwmon/hwmon*/ named soctherm_oc: oc*_event_cnt
+    GPU       <root>/sys/class/devfreq/*/device/of_node/name in gv11b gp10b ga10b gb10b gpu:
+              device/load (0-1000), cur_freq (Hz)
+    power mode  <root>/var/lib/nvpmodel/status ("pmode:0002") named by <root>/etc/nvpmodel.conf
+    memory    this process's RSS (/proc/self/status); MemAvailable and NvMapMemUsed from
+              <root>/proc/meminfo
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GPU_NODES = ("gv11b", "gp10b", "ga10b", "gb10b", "gpu")
+OFFLINE_C = -256.0
+TOTAL_RAILS = ("VDD_IN", "POM_5V_IN")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _num(path: Path) -> float | None:
+    text = _read(path)
+    if text is None:
+        return None
+    try:
+        return float(text.split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+@dataclass
+class Rail:
+    voltage: Path | None = None  # mV
+    current: Path | None = None  # mA
+    power: Path | None = None  # mW (JetPack 4)
+    crit: Path | None = None  # mA
+
+
+@dataclass
+class Reading:
+    temps_c: dict[str, float] = field(default_factory=dict)
+    rails_w: dict[str, float] = field(default_factory=dict)
+    rails_crit_a: dict[str, float] = field(default_factory=dict)
+    power_w: float | None = None
+    power_source: str = ""
+    oc_events: dict[str, int] = field(default_factory=dict)
+    gpu: str = ""
+    gpu_load_pct: float | None = None
+    gpu_freq_mhz: float | None = None
+    power_mode: str | None = None
+    rss_mb: float | None = None
+    mem_available_mb: float | None = None
+    nvmap_mb: float | None = None
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def max_temp_c(self) -> float | None:
+        return max(self.temps_c.values(), default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "temps_c": {k: round(v, 1) for k, v in self.temps_c.items()},
+            "power_w": None if self.power_w is None else round(self.power_w, 3),
+            "power_source": self.power_source,
+            "rails_w": {k: round(v, 3) for k, v in self.rails_w.items()},
+            "oc_events": self.oc_events,
+            "gpu": self.gpu,
+            "gpu_load_pct": self.gpu_load_pct,
+            "gpu_freq_mhz": self.gpu_freq_mhz,
+            "power_mode": self.power_mode,
+            "mem_available_mb": self.mem_available_mb,
+            "nvmap_mb": self.nvmap_mb,
+            "missing": self.missing,
+        }
+
+
+class Sensors:
+    """Finds the sensors under `root` once; `read()` samples them."""
+
+    def __init__(self, root: Path = Path("/"), proc_self: Path = Path("/proc/self/status")) -> None:
+        self.root = root
+        self.proc_self = proc_self
+        sysfs = root / "sys"
+        self.zones: list[tuple[str, Path]] = []
+        for zone in sorted((sysfs / "devices/virtual/thermal").glob("thermal_zone*"), key=_natural):
+            name = _read(zone / "type")
+            if name and (zone / "temp").exists() and "PMIC" not in name:
+                self.zones.append((name, zone / "temp"))
+        self.hwmon_temps: list[tuple[str, Path]] = []
+        self.oc: list[tuple[str, Path]] = []
+        for hw in sorted((sysfs / "class/hwmon").glob("hwmon*"), key=_natural):
+            name = _read(hw / "name") or hw.name
+            if name == "soctherm_oc":
+                self.oc += [
+                    (p.name.removesuffix("_event_cnt"), p) for p in sorted(hw.glob("oc*_event_cnt"), key=_natural)
+                ]
+                continue
+            for t in sorted(hw.glob("temp*_input"), key=_natural):
+                label = _read(hw / t.name.replace("_input", "_label")) or f"{name}-{t.name.split('_')[0]}"
+                self.hwmon_temps.append((label, t))
+        self.rails = self._find_rails(sysfs / "bus/i2c/devices")
+        self.gpu_name, self.gpu_dir, self.gpu_freq = "", None, None
+        for dev in sorted((sysfs / "class/devfreq").glob("*")):
+            node = _read(dev / "device/of_node/name")
+            if node and node.strip("\x00") in GPU_NODES:
+                self.gpu_name, self.gpu_dir, self.gpu_freq = node.strip("\x00"), dev / "device", dev / "cur_freq"
+                break
+        self.missing = [
+            what
+            for what, have in (
+                ("thermal", self.zones or self.hwmon_temps),
+                ("power", self.rails),
+                ("gpu", self.gpu_dir),
+                ("power_mode", (root / "var/lib/nvpmodel/status").exists()),
+                ("over_current", self.oc),
+            )
+            if not have
+        ]
+
+    @staticmethod
+    def _find_rails(devices: Path) -> dict[str, Rail]:
+        rails: dict[str, Rail] = {}
+        for dev in sorted(devices.glob("*")):
+            if "ina3221" not in (_read(dev / "name") or ""):
+                continue
+            for hw in sorted(dev.glob("hwmon/hwmon*")):  # JetPack 5 and later
+                for label_file in sorted(hw.glob("in*_label"), key=_natural):
+                    label = _read(label_file) or ""
+                    n = label_file.name[2:].split("_")[0]
+                    if not label or label.startswith("NC") or "sum of shunt" in label.lower():
+                        continue
+                    rails[label] = Rail(
+                        voltage=hw / f"in{n}_input", current=hw / f"curr{n}_input", crit=hw / f"curr{n}_crit"
+                    )
+            for iio in sorted(dev.glob("iio:device*")):  # JetPack 4
+                for name_file in sorted(iio.glob("rail_name_*"), key=_natural):
+                    label = _read(name_file) or ""
+                    n = name_file.name.removeprefix("rail_name_")
+                    if label:
+                        rails[label] = Rail(
+                            voltage=iio / f"in_voltage{n}_input",
+                            current=iio / f"in_current{n}_input",
+                            power=iio / f"in_power{n}_input",
+                            crit=iio / f"crit_current_limit_{n}",
+                        )
+        return rails
+
+    def read(self) -> Reading:
+        r = Reading(missing=list(self.missing))
+        for name, path in self.zones + self.hwmon_temps:
+            milli = _num(path)
+            if milli is None or milli / 1000.0 <= OFFLINE_C:
+                continue  # offline sensor
+            key = name if name not in r.temps_c else f"{name}.{len(r.temps_c)}"
+            r.temps_c[key] = milli / 1000.0
+        for name, rail in self.rails.items():
+            mw = _num(rail.power) if rail.power else None
+            if mw is None and rail.voltage and rail.current:
+                mv, ma = _num(rail.voltage), _num(rail.current)
+                mw = None if mv is None or ma is None else mv * ma / 1000.0
+            if mw is not None:
+                r.rails_w[name] = mw / 1000.0
+            crit = _num(rail.crit) if rail.crit else None
+            if crit is not None:
+                r.rails_crit_a[name] = crit / 1000.0
+        total = next((n for n in TOTAL_RAILS if n in r.rails_w), None)
+        if total:
+            r.power_w, r.power_source = r.rails_w[total], total
+        elif r.rails_w:
+            r.power_w, r.power_source = sum(r.rails_w.values()), "sum"
+        for name, path in self.oc:
+            v = _num(path)
+            if v is not None:
+                r.oc_events[name] = int(v)
+        if self.gpu_dir is not None:
+            r.gpu = self.gpu_name
+            load = _num(self.gpu_dir / "load")
+            r.gpu_load_pct = None if load is None else load / 10.0
+            freq = _num(self.gpu_freq) if self.gpu_freq else None
+            r.gpu_freq_mhz = None if freq is None else freq / 1e6
+        r.power_mode = self._power_mode()
+        r.rss_mb = _kb_field(self.proc_self, "VmRSS")
+        meminfo = self.root / "proc/meminfo"
+        r.mem_available_mb = _kb_field(meminfo, "MemAvailable")
+        r.nvmap_mb = _kb_field(meminfo, "NvMapMemUsed")
+        return r
+
+    def _power_mode(self) -> str | None:
+        status = _read(self.root / "var/lib/nvpmodel/status")
+        if not status:
+            return None
+        m = re.search(r"pmode:(\d+)", status)
+        if not m:
+            return None
+        ident = int(m.group(1))
+        conf = _read(self.root / "etc/nvpmodel.conf") or ""
+        for mid, name in re.findall(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=([^\s>]+)\s*>", conf):
+            if int(mid) == ident:
+                return str(name)
+        return f"mode {ident}"
+
+
+def _kb_field(path: Path, key: str) -> float | None:
+    text = _read(path)
+    if text is None:
+        return None
+    m = re.search(rf"^{key}:\s+(\d+)\s*kB", text, re.MULTILINE)
+    return round(int(m.group(1)) / 1024.0, 1) if m else None
+
+
+def _natural(p: Path) -> tuple[str, int]:
+    m = re.search(r"(\d+)", p.name)
+    return (re.sub(r"\d+", "", p.name), int(m.group(1)) if m else -1)
