@@ -195,7 +195,7 @@ def write_config(path: Path, port: int, package: Path, cameras: list[dict[str, A
         "device_id": DEVICE,
         "state_dir": str(state),
         "log_level": "warning",
-        "mqtt": {"host": "127.0.0.1", "port": port, "max_queued": 100000},
+        "mqtt": {"host": "127.0.0.1", "port": port},
         "model": {"package": str(package), "onnxruntime": {"threads": 1}},
         "cameras": cameras,
         "inference": {"max_wait_ms": 30, "warmup_batches": 3},
@@ -279,7 +279,7 @@ def naive_child(
 def load_config_stub(port: int) -> Any:
     from edged.daemon.config import MqttConfig
 
-    return MqttConfig(host="127.0.0.1", port=port, max_queued=100000)
+    return MqttConfig(host="127.0.0.1", port=port, max_inflight=1000)
 
 
 def load_child(video: str, package: str, stop: Any) -> None:

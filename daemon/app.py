@@ -35,6 +35,7 @@ from .inference import InferenceLoop, Result, Window
 from .preprocess import Preprocessor
 from .publish import Publisher, iso
 from .sensors import Sensors
+from .spool import Spool
 from .systemd import notify
 
 logger = logging.getLogger(__name__)
@@ -130,7 +131,9 @@ class Daemon:
             Camera(c, Preprocessor(m.input), self.cond, self.stop_event, throttle=self.throttle) for c in cfg.cameras
         ]
         self.cam_latency = {c.name: Window() for c in cfg.cameras}
-        self.publisher = Publisher(cfg.mqtt, cfg.device_id, cfg.topic_root, self.boot_id, self._status_extra)
+        self.spool = Spool(cfg.state_dir / "spool.db", int(cfg.spool.max_mb * 2**20), cfg.spool.max_age_s)
+        self.publisher = Publisher(cfg.mqtt, cfg.spool, self.spool, cfg.device_id, cfg.topic_root, self.boot_id,
+                                   self._status_extra)  # fmt: skip
         self.loop = InferenceLoop(
             self.cameras,
             self.backend,
@@ -163,7 +166,7 @@ class Daemon:
             "ts": iso(time.time()),
             **doc,
         }
-        self.publisher.publish_json("events", event, qos=1)
+        self.publisher.submit_event(event)
 
     def _fatal(self, reason: str) -> None:
         """The governor's hard stops (memory hard limit, critical temperature with action exit)."""
@@ -247,15 +250,7 @@ class Daemon:
                 "infer_ms": st.infer_ms.percentiles(),
                 "capture_to_result_ms": st.capture_to_result_ms.percentiles(),
             },
-            "mqtt": {
-                "connected": p.connected,
-                "published": p.published,
-                "acked": p.acked,
-                "pending": p.pending(),
-                "dropped_queue_full": p.dropped_queue_full,
-                "dropped_mqtt_queue": p.dropped_mqtt_queue,
-                "oversized": p.oversized,
-            },
+            "mqtt": p.stats(),
             "memory": memory,
             "governor": gov,
             "sensors": sensors,
@@ -306,6 +301,8 @@ class Daemon:
                 if not self.loop.alive:
                     logger.error("the inference thread died: stopping")
                     break
+                if not self.publisher.network_alive():
+                    self.publisher.restart_network()
                 if now >= next_tel:
                     self.publisher.publish_json("telemetry", self.telemetry(), qos=0, retain=True)
                     notify(f"STATUS={self.status_line()}")

@@ -56,7 +56,8 @@ class MqttConfig(_Strict):
     username: str | None = None
     password_file: Path | None = None
     tls: TlsConfig | None = None
-    max_queued: int = Field(10_000, ge=10, le=1_000_000)
+    session_expiry_s: int = Field(3600, ge=0, le=2**32 - 1)
+    max_inflight: int = Field(100, ge=1, le=65_000)
 
     @field_validator("topic_prefix")
     @classmethod
@@ -64,6 +65,12 @@ class MqttConfig(_Strict):
         if not v or any(not _TOPIC_SAFE.match(p) for p in v.split("/")):
             raise ValueError("must be non-empty topic levels without '+', '#' or empty levels")
         return v
+
+
+class SpoolConfig(_Strict):
+    max_mb: float = Field(256.0, gt=0, le=1_000_000)
+    max_age_s: float = Field(7 * 86400.0, gt=0)
+    commit_interval_ms: float = Field(200.0, ge=1, le=10_000)
 
 
 class OnnxRuntimeConfig(_Strict):
@@ -165,6 +172,7 @@ class Config(_Strict):
     device_id: str
     state_dir: Path = Path("/var/lib/edged")
     mqtt: MqttConfig = MqttConfig()
+    spool: SpoolConfig = SpoolConfig()
     model: ModelConfig
     cameras: list[CameraConfig] = Field(min_length=1)
     inference: InferenceConfig = InferenceConfig()

@@ -1,14 +1,20 @@
-"""Results, status and telemetry over MQTT v5 with paho-mqtt 2.x (DESIGN.md §4).
+"""Results, events, status and telemetry over MQTT v5 with paho-mqtt 2.x (DESIGN.md §2, §4).
 
-The inference thread hands results to `submit()`, which never blocks: a bounded queue, and a
-full queue drops the result (counted, published in telemetry). The publisher thread numbers
-each result (`seq`, +1 per published result within a `boot_id`), serialises it as
-``edged.result/1`` and gives it to paho at QoS 1. While the broker is away paho keeps QoS 1
-messages in its own bounded queue (``mqtt.max_queued``) and sends them after reconnecting;
-beyond that bound results are dropped and counted. (A durable on-disk spool replaces this
-in-memory bound in a later change.)
+    inference ──submit()──> bounded queue ──publisher thread──> spool (SQLite WAL) ──> paho ──> broker
+                                                         PUBACK deletes the row <──┘
 
-``status`` is retained, with an ``offline`` last will; ``stopped`` is published on a clean stop.
+- `submit()` never blocks: a full queue drops the result (counted).
+- The publisher thread numbers results (`seq`, +1 per spooled result within a `boot_id`), refuses a
+  payload over `MAX_PAYLOAD_BYTES` locally (so one message can never become a reconnect loop),
+  appends to the spool, commits in groups, hands at most `max_inflight` rows to paho, and deletes a
+  row when its PUBACK arrives. Rows still spooled at a restart are sent again.
+- Our own network thread drives paho (`loop()`), so it is supervised: it reports progress for the
+  watchdog, and connection failures (refused, TLS, DNS) are logged once with the reason and retried
+  with backoff from 1 s doubling to 60 s, never in a tight loop.
+- The session is persistent: `clean_start` false and a `session_expiry_s` Session Expiry Interval,
+  so the broker keeps our command subscription and paho resends unacknowledged messages after a
+  reconnect.
+- `status` is retained, with an `offline` last will; `stopped` is published on a clean stop.
 """
 
 from __future__ import annotations
@@ -33,13 +39,15 @@ from paho.mqtt.reasoncodes import ReasonCode
 from edged import __version__
 from edged.errors import ConfigError
 
-from .config import MqttConfig
+from .config import MqttConfig, SpoolConfig
 from .inference import Result
+from .spool import Spool
 
 logger = logging.getLogger(__name__)
 
 RESULT_SCHEMA = "edged.result/1"
 MAX_PAYLOAD_BYTES = 256 * 1024
+MessageHandler = Callable[[mqtt.MQTTMessage], None]
 
 
 def iso(ts: float) -> str:
@@ -70,12 +78,15 @@ def make_client(cfg: MqttConfig, client_id: str) -> mqtt.Client:
         for f in (cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file):
             if f is not None and not f.is_file():
                 raise ConfigError(f"mqtt.tls: {f} not found")
-        client.tls_set(
-            ca_certs=str(cfg.tls.ca_file),
-            certfile=str(cfg.tls.cert_file) if cfg.tls.cert_file else None,
-            keyfile=str(cfg.tls.key_file) if cfg.tls.key_file else None,
-            cert_reqs=ssl.CERT_REQUIRED,
-        )
+        try:
+            client.tls_set(
+                ca_certs=str(cfg.tls.ca_file),
+                certfile=str(cfg.tls.cert_file) if cfg.tls.cert_file else None,
+                keyfile=str(cfg.tls.key_file) if cfg.tls.key_file else None,
+                cert_reqs=ssl.CERT_REQUIRED,
+            )
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"mqtt.tls: cannot load the certificates: {exc}") from exc
         client.tls_insecure_set(cfg.tls.insecure_skip_hostname)
     if cfg.username is not None:
         password = None
@@ -85,9 +96,8 @@ def make_client(cfg: MqttConfig, client_id: str) -> mqtt.Client:
             except OSError as exc:
                 raise ConfigError(f"mqtt.password_file: cannot read {cfg.password_file}: {exc.strerror}") from exc
         client.username_pw_set(cfg.username, password)
-    client.max_queued_messages_set(cfg.max_queued)
-    client.max_inflight_messages_set(100)
-    client.reconnect_delay_set(1, 60)
+    client.max_inflight_messages_set(cfg.max_inflight)
+    client.max_queued_messages_set(cfg.max_inflight * 2)
     return client
 
 
@@ -95,37 +105,53 @@ class Publisher:
     def __init__(
         self,
         cfg: MqttConfig,
+        spool_cfg: SpoolConfig,
+        spool: Spool,
         device_id: str,
         topic_root: str,
         boot_id: str,
         status_extra: Callable[[], dict[str, Any]],
+        on_command: MessageHandler | None = None,
         queue_size: int = 1024,
     ) -> None:
         self.cfg = cfg
+        self.spool_cfg = spool_cfg
+        self.spool = spool
         self.device_id = device_id
         self.root = topic_root
         self.boot_id = boot_id
         self._status_extra = status_extra
+        self._on_command = on_command
         self.since = iso(time.time())
-        self._q: queue.Queue[Result] = queue.Queue(maxsize=queue_size)
+        self._q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
+        self._net_stop = threading.Event()
         self.seq = 0
+        self.spooled = 0
         self.published = 0
-        self.dropped_queue_full = 0
-        self.dropped_mqtt_queue = 0
-        self.oversized = 0
         self.acked = 0
-        self._unacked: deque[mqtt.MQTTMessageInfo] = deque()
-        self._unacked_lock = threading.Lock()
+        self.dropped_queue_full = 0
+        self.oversized = 0
         self.connected = False
         self.connects = 0
-        self.last_disconnect = ""
-        client_id = cfg.client_id or f"edged-{device_id}"
-        self.client = make_client(cfg, client_id)
+        self.connect_failures = 0
+        self.network_restarts = 0
+        self.last_error = ""
+        self.last_net_progress = time.monotonic()
+        # paho mid -> spool row id; touched by the publisher thread only. PUBACKs arrive on the network
+        # thread as mids in `_acked_mids` (deque appends are atomic), matched on the publisher thread
+        # after the mid is recorded, so no lock is held around paho's own (lock order: no deadlock).
+        self._inflight: dict[int, int] = {}
+        self._acked_mids: deque[int] = deque()
+        self._last_sent = 0
+        self.client = make_client(cfg, cfg.client_id or f"edged-{device_id}")
         self.client.will_set(self.topic("status"), self._status_json("offline"), qos=1, retain=True)
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
+        self.client.on_publish = self._on_publish
+        self.client.on_message = self._on_message
         self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
+        self._net_thread = threading.Thread(target=self._network, name="mqtt-network", daemon=True)
 
     def topic(self, suffix: str) -> str:
         return f"{self.root}/{suffix}"
@@ -141,12 +167,16 @@ class Publisher:
     ) -> None:
         if rc.is_failure:
             self.connected = False
-            logger.warning("mqtt: broker %s:%d refused the connection: %s", self.cfg.host, self.cfg.port, rc)
+            self._connect_failed(f"the broker refused the connection: {rc}")
             return
         self.connected = True
         self.connects += 1
-        logger.info("mqtt: connected to %s:%d", self.cfg.host, self.cfg.port)
-        self._publish(self.topic("status"), self._status_json("online"), qos=1, retain=True)
+        self.last_error = ""
+        logger.info("mqtt: connected to %s:%d (session present: %s)", self.cfg.host, self.cfg.port,
+                    getattr(flags, "session_present", "?"))  # fmt: skip
+        client.publish(self.topic("status"), self._status_json("online"), qos=1, retain=True)
+        if self._on_command is not None:
+            client.subscribe(self.topic("cmd/+"), qos=1)
 
     def _on_disconnect(
         self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Properties | None
@@ -154,96 +184,211 @@ class Publisher:
         if self.connected and not self._stop.is_set():
             logger.warning("mqtt: disconnected (%s); reconnecting with backoff 1-60 s", rc)
         self.connected = False
-        self.last_disconnect = str(rc)
 
-    # --- lifecycle -----------------------------------------------------------------------------
+    def _on_publish(
+        self, client: mqtt.Client, userdata: Any, mid: int, rc: ReasonCode, props: Properties | None
+    ) -> None:
+        self._acked_mids.append(mid)  # matched to a spool row by the publisher thread
+
+    def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        if self._on_command is None:
+            return
+        try:
+            self._on_command(msg)
+        except Exception:  # the handler must not raise; if it does, it must not reach paho
+            logger.exception("mqtt: command handler failed on %s", msg.topic)
+
+    def _connect_failed(self, reason: str) -> None:
+        self.connect_failures += 1
+        if reason != self.last_error:
+            logger.error("mqtt: cannot connect to %s:%d: %s; retrying with backoff up to 60 s",
+                         self.cfg.host, self.cfg.port, reason)  # fmt: skip
+        self.last_error = reason
+
+    # --- the network thread ------------------------------------------------------------------------
+    def _network(self) -> None:
+        backoff = 1.0
+        first = True
+        socket_open = False
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.SessionExpiryInterval = self.cfg.session_expiry_s
+        while not self._net_stop.is_set():
+            self.last_net_progress = time.monotonic()
+            if not socket_open:
+                try:
+                    if first:
+                        self.client.connect(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s,
+                                            clean_start=False, properties=props)  # fmt: skip
+                        first = False
+                    else:
+                        self.client.reconnect()
+                    socket_open = True
+                except (OSError, ValueError) as exc:  # refused, unreachable, TLS (ssl.SSLError is an OSError)
+                    self._connect_failed(str(exc) or type(exc).__name__)
+                    self._net_stop.wait(backoff)
+                    backoff = min(backoff * 2, 60.0)
+                    continue
+            rc = self.client.loop(timeout=0.2)
+            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                socket_open = False
+                self.connected = False
+                if self._net_stop.is_set():
+                    break
+                if self.last_error == "" and rc != MQTTErrorCode.MQTT_ERR_NO_CONN:
+                    self._connect_failed(f"connection lost: {mqtt.error_string(rc)}")
+                self._net_stop.wait(backoff)
+                backoff = min(backoff * 2, 60.0)
+            elif self.connected:
+                backoff = 1.0
+
+    def network_alive(self) -> bool:
+        return self._net_thread.is_alive() and time.monotonic() - self.last_net_progress < 10.0
+
+    def restart_network(self) -> None:
+        """Start a new network thread after the old one died (supervision from the main loop)."""
+        if self._net_thread.is_alive():
+            return
+        self.network_restarts += 1
+        logger.error("mqtt: the network thread died; starting a new one (%d restarts)", self.network_restarts)
+        self._net_thread = threading.Thread(target=self._network, name="mqtt-network", daemon=True)
+        self._net_thread.start()
+
+    # --- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
         """Connect in the background; a broker that is away at start does not stop the daemon."""
-        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        props.SessionExpiryInterval = 0
-        try:
-            self.client.connect_async(
-                self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s, clean_start=True, properties=props
-            )
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"mqtt: cannot connect to {self.cfg.host}:{self.cfg.port}: {exc}") from exc
-        self.client.loop_start()
+        self._net_thread.start()
         self._thread.start()
 
     def submit(self, result: Result) -> None:
         try:
-            self._q.put_nowait(result)
+            self._q.put_nowait(("result", result))
         except queue.Full:
             self.dropped_queue_full += 1
 
-    def publish_json(self, suffix: str, doc: dict[str, Any], qos: int = 1, retain: bool = False) -> bool:
-        payload = json.dumps(doc, separators=(",", ":")).encode()
-        return self._publish(self.topic(suffix), payload, qos, retain)
+    def submit_event(self, doc: dict[str, Any]) -> None:
+        """Events are spooled like results (QoS 1, nothing lost)."""
+        try:
+            self._q.put_nowait(("event", doc))
+        except queue.Full:
+            self.dropped_queue_full += 1
 
-    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> bool:
+    def publish_direct(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
+                       properties: Properties | None = None) -> bool:  # fmt: skip
+        """Not spooled: telemetry, replies, snapshots. False when refused locally or not sent."""
         if len(payload) > MAX_PAYLOAD_BYTES:
             self.oversized += 1
             logger.error("mqtt: %s payload of %d bytes is over %d; not sent", topic, len(payload), MAX_PAYLOAD_BYTES)
             return False
-        info = self.client.publish(topic, payload, qos=qos, retain=retain)
-        ok = info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS or (info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN and qos > 0)
-        if ok and qos > 0:
-            # paho keeps a QoS 1 message it could not send yet and sends it after reconnecting, but leaves
-            # rc=NO_CONN on its info, which makes is_published() raise forever: the message is queued, say so.
-            info.rc = MQTTErrorCode.MQTT_ERR_SUCCESS
-            with self._unacked_lock:
-                self._unacked.append(info)
-                while self._unacked and self._unacked[0].is_published():  # PUBACKs come mostly in order
-                    self._unacked.popleft()
-                    self.acked += 1
-        if ok:
-            return True  # sent, or queued by paho until the broker is back
-        if info.rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
-            self.dropped_mqtt_queue += 1
-        return False
+        info = self.client.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+        return info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def publish_json(self, suffix: str, doc: dict[str, Any], qos: int = 0, retain: bool = False) -> bool:
+        return self.publish_direct(self.topic(suffix), json.dumps(doc, separators=(",", ":")).encode(), qos, retain)
+
+    # --- the publisher thread ----------------------------------------------------------------------
+    def _spool_one(self, kind: str, item: Any) -> None:
+        if kind == "result":
+            self.seq += 1
+            doc = result_payload(item, self.device_id, self.boot_id, self.seq)
+            topic, qos = self.topic(f"results/{item.camera}"), self.cfg.qos
+        else:
+            doc, topic, qos = item, self.topic("events"), 1
+        payload = json.dumps(doc, separators=(",", ":")).encode()
+        if len(payload) > MAX_PAYLOAD_BYTES:
+            self.oversized += 1
+            if kind == "result":
+                self.seq -= 1  # refused locally: seq counts spooled results, so no gap
+            logger.error("mqtt: %s payload of %d bytes is over %d; refused", topic, len(payload), MAX_PAYLOAD_BYTES)
+            return
+        self.spool.append(topic, payload, qos)
+        self.spooled += 1
+
+    def _deliver(self) -> None:
+        acked = []
+        while self._acked_mids:
+            row_id = self._inflight.pop(self._acked_mids.popleft(), None)
+            if row_id is not None:  # else: the PUBACK of a message that was not spooled (status, a reply)
+                acked.append(row_id)
+        if acked:
+            self.spool.delete(acked)
+            self.acked += len(acked)
+        if not self.connected:
+            return
+        room = self.cfg.max_inflight - len(self._inflight)
+        if room <= 0:
+            return
+        for row in self.spool.after(self._last_sent, room):
+            info = self.client.publish(row.topic, row.payload, qos=row.qos)
+            if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+                break  # paho's queue is full: try again on the next turn
+            if row.qos > 0:
+                self._inflight[info.mid] = row.id
+            else:
+                self.spool.delete([row.id])
+            self._last_sent = row.id
+            self.published += 1
 
     def _run(self) -> None:
+        last_commit = time.monotonic()
+        interval = self.spool_cfg.commit_interval_ms / 1000.0
         while True:
             try:
-                r = self._q.get(timeout=0.2)
+                kind, item = self._q.get(timeout=min(0.05, interval))
+                self._spool_one(kind, item)
+                while True:  # take what else is waiting, without blocking
+                    kind, item = self._q.get_nowait()
+                    self._spool_one(kind, item)
             except queue.Empty:
-                if self._stop.is_set():
-                    return
-                continue
+                pass
+            except Exception:  # a loop boundary: log once, count, keep going
+                logger.exception("publisher: cannot spool a message")
+            now = time.monotonic()
+            if now - last_commit >= interval or self.spool.pending_commit >= 1000:
+                self.spool.commit()
+                last_commit = now
             try:
-                self.seq += 1
-                doc = result_payload(r, self.device_id, self.boot_id, self.seq)
-                if self.publish_json(f"results/{r.camera}", doc, qos=self.cfg.qos):
-                    self.published += 1
-                else:
-                    self.seq -= 1  # seq counts published results only: no gaps from local refusals
-            except Exception:  # a loop boundary: log once, count, drop this result
-                logger.exception("publisher: cannot publish a result")
-                self.seq -= 1
+                self._deliver()
+            except Exception:
+                logger.exception("publisher: delivery failed; retrying")
+            if self._stop.is_set() and self._q.empty():
+                self.spool.commit()
+                return
 
     def pending(self) -> int:
-        """Results not yet handed to paho plus QoS>0 messages paho has not had acknowledged."""
-        with self._unacked_lock:
-            still = deque(i for i in self._unacked if not i.is_published())
-            self.acked += len(self._unacked) - len(still)
-            self._unacked = still
-            return self._q.qsize() + len(still)
+        """Messages not yet acknowledged: queued, in the spool (sent or not)."""
+        return int(self._q.qsize() + self.spool.rows + self.spool.pending_commit)
+
+    def stats(self) -> dict[str, Any]:
+        inflight = len(self._inflight)
+        return {
+            "connected": self.connected, "spooled": self.spooled, "published": self.published,
+            "acked": self.acked, "inflight": inflight, "spool_rows": self.spool.rows,
+            "spool_mb": round(self.spool.bytes / 2**20, 3), "spool_dropped": self.spool.dropped,
+            "dropped_queue_full": self.dropped_queue_full, "oversized": self.oversized,
+            "connects": self.connects, "connect_failures": self.connect_failures,
+            "network_alive": self.network_alive(), "network_restarts": self.network_restarts,
+            "last_error": self.last_error,
+        }  # fmt: skip
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Publish what is queued (up to `timeout_s`), announce `stopped`, disconnect."""
+        """Spool what is queued, wait (up to `timeout_s`) for the broker to acknowledge the spool,
+        announce `stopped`, disconnect. What is left stays in the spool for the next start."""
         self._stop.set()
         self._thread.join(timeout_s)
         deadline = time.monotonic() + timeout_s
+        while self.connected and self.spool.rows and time.monotonic() < deadline:
+            self._deliver()
+            time.sleep(0.02)
+        self._deliver()
         if self.connected:
             info = self.client.publish(self.topic("status"), self._status_json("stopped"), qos=1, retain=True)
-            while self.pending() and time.monotonic() < deadline:
-                time.sleep(0.05)
             try:
                 info.wait_for_publish(max(0.1, deadline - time.monotonic()))
             except (RuntimeError, ValueError):
                 logger.warning("mqtt: 'stopped' status not acknowledged before disconnecting")
-        left = self.pending()
-        if left:
-            logger.warning("mqtt: %d results not acknowledged at stop", left)
+        if self.spool.rows:
+            logger.warning("mqtt: %d messages not acknowledged at stop; they stay in the spool", self.spool.rows)
         self.client.disconnect()
-        self.client.loop_stop()
+        self._net_stop.set()
+        self._net_thread.join(5.0)
+        self.spool.close()

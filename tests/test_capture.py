@@ -75,7 +75,7 @@ def test_realtime_file_with_fps_cap_and_slow_consumer_drops(demo: DemoAssets, ri
     cam.start()  # nobody takes frames: each new one replaces the last, counted as a drop
     time.sleep(2.2)
     s = cam.stats
-    assert s.state == "up" and 9 <= s.frames <= 13 and s.drops == s.frames - 1
+    assert s.state == "up" and 8 <= s.frames <= 14 and s.drops == s.frames - 1
 
 
 def test_file_that_disappears_reconnects_while_another_camera_serves(demo: DemoAssets, rig, tmp_path: Path) -> None:
