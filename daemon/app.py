@@ -18,17 +18,23 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import cv2
 import numpy as np
+from paho.mqtt.properties import Properties
+from pydantic import BaseModel, ConfigDict
 
-from edged.errors import EngineLoadError, PackageError
+from edged.errors import ConfigError, EngineLoadError, PackageError
 from edged.models.package import Package, open_package
 
+from .annotate import draw
 from .backend import Backend, open_backend
 from .capture import Camera, Throttle
-from .config import Config
+from .commands import CommandError, Commands, NoArgs
+from .config import Config, load_config
 from .decoders import DecodeOptions, build_decoder
 from .governor import Governor, admit
 from .inference import InferenceLoop, Result, Window
@@ -41,6 +47,13 @@ from .systemd import notify
 logger = logging.getLogger(__name__)
 
 TELEMETRY_SCHEMA = "edged.telemetry/1"
+SNAPSHOT_MIN_INTERVAL_S = 2.0
+RESTART_KEYS = ("device_id", "state_dir", "mqtt", "spool", "model", "cameras", "inference")
+
+
+class SnapshotArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    camera: str
 
 
 def resolve_package(cfg: Config) -> Package:
@@ -96,9 +109,11 @@ class RunSummary:
 
 
 class Daemon:
-    def __init__(self, cfg: Config, backend: Backend | None = None) -> None:
-        """`backend`: an already open backend for the package (benchmarks pass a stand-in); else one is opened."""
+    def __init__(self, cfg: Config, backend: Backend | None = None, config_path: Path | None = None) -> None:
+        """`backend`: an already open backend for the package (benchmarks pass a stand-in); else one is opened.
+        `config_path`: the file `reload` (the command, or SIGHUP) reads again."""
         self.cfg = cfg
+        self.config_path = config_path
         self.boot_id = uuid.uuid4().hex
         self.stop_event = threading.Event()
         self.cond = threading.Condition()
@@ -132,8 +147,17 @@ class Daemon:
         ]
         self.cam_latency = {c.name: Window() for c in cfg.cameras}
         self.spool = Spool(cfg.state_dir / "spool.db", int(cfg.spool.max_mb * 2**20), cfg.spool.max_age_s)
+        self.commands = Commands(cfg.topic_root, self._reply)
         self.publisher = Publisher(cfg.mqtt, cfg.spool, self.spool, cfg.device_id, cfg.topic_root, self.boot_id,
-                                   self._status_extra)  # fmt: skip
+                                   self._status_extra, on_command=self.commands.on_message)  # fmt: skip
+        self.last_dets: dict[str, list[dict[str, Any]]] = {}
+        self._last_snapshot: dict[str, float] = {}
+        self._reload_lock = threading.Lock()
+        self.commands.register("status", NoArgs, self._cmd_status, idempotent=True)
+        self.commands.register("snapshot", SnapshotArgs, self._cmd_snapshot, idempotent=False)
+        self.commands.register("reload", NoArgs, lambda _: self.reload(), idempotent=False)
+        self.commands.register("pause", NoArgs, lambda _: self._cmd_pause(True), idempotent=True)
+        self.commands.register("resume", NoArgs, lambda _: self._cmd_pause(False), idempotent=True)
         self.loop = InferenceLoop(
             self.cameras,
             self.backend,
@@ -153,6 +177,72 @@ class Daemon:
         if cfg.governor.enabled:
             sensors = Sensors(cfg.governor.sysfs_root)
             self.governor = Governor(cfg.governor, cfg.memory, sensors, self.throttle, self._event, self._fatal)
+
+    # --- commands ------------------------------------------------------------------------------
+    def _reply(self, topic: str, payload: bytes, props: Properties | None) -> None:
+        self.publisher.publish_direct(topic, payload, qos=1, properties=props)
+
+    def _cmd_status(self, _: NoArgs) -> dict[str, Any]:
+        self.publisher.publish_direct(self.publisher.topic("status"), self.publisher._status_json("online"), 1, True)
+        return {
+            "state": "online", "boot_id": self.boot_id, "model": self.package.ref, "paused": self.throttle.paused,
+            "level": self.governor.policy.level.label if self.governor else "off",
+            "cameras": {c.name: c.stats.state for c in self.cameras}, "spool_rows": self.spool.rows,
+        }  # fmt: skip
+
+    def _cmd_pause(self, pause: bool) -> dict[str, Any]:
+        self.throttle.user_paused = pause
+        logger.info("inference %s by command", "paused" if pause else "resumed")
+        return {"paused": self.throttle.paused}
+
+    def _cmd_snapshot(self, args: SnapshotArgs) -> dict[str, Any]:
+        cam = next((c for c in self.cameras if c.name == args.camera), None)
+        if cam is None:
+            raise CommandError("unknown_camera", f"no camera {args.camera!r}; cameras: "
+                               f"{', '.join(c.name for c in self.cameras)}")  # fmt: skip
+        now = time.monotonic()
+        if now - self._last_snapshot.get(cam.name, -1e9) < SNAPSHOT_MIN_INTERVAL_S:
+            raise CommandError("rate_limited", f"at most one snapshot of a camera every {SNAPSHOT_MIN_INTERVAL_S:g} s")
+        frame = cam.last_frame
+        if frame is None:
+            raise CommandError("no_frame", f"camera {cam.name!r} has no frame yet (state {cam.stats.state})")
+        self._last_snapshot[cam.name] = now
+        ok, jpg = cv2.imencode(".jpg", draw(frame, self.last_dets.get(cam.name, [])), [cv2.IMWRITE_JPEG_QUALITY, 80])
+        if not ok:
+            raise CommandError("failed", "JPEG encoding failed")
+        topic = self.publisher.topic(f"snapshot/{cam.name}")
+        if not self.publisher.publish_direct(topic, jpg.tobytes(), qos=0):
+            raise CommandError("not_sent", f"the snapshot ({len(jpg)} bytes) could not be published")
+        return {"topic": topic, "bytes": len(jpg), "detections": len(self.last_dets.get(cam.name, []))}
+
+    def reload(self) -> dict[str, Any]:
+        """Read the config file again; apply what can change live, name what needs a restart."""
+        if self.config_path is None:
+            raise CommandError("not_supported", "this daemon was not started from a config file")
+        with self._reload_lock:
+            try:
+                new = load_config(self.config_path)
+            except ConfigError as exc:
+                raise CommandError("config_invalid", str(exc)) from exc
+            old = self.cfg
+            d = new.detection
+            self.loop.opts = DecodeOptions(d.score_threshold, d.iou_threshold, d.max_detections, frozenset(d.labels))
+            if self.governor is not None:
+                self.governor.policy.reconfigure(new.governor, new.memory)
+            live = ["detection", "governor thresholds", "memory limits", "telemetry", "log_level"]
+            restart = [k for k in RESTART_KEYS if getattr(old, k) != getattr(new, k)]
+            if self.governor is not None and (
+                old.governor.enabled,
+                old.governor.interval_s,
+                old.governor.sysfs_root,
+            ) != (new.governor.enabled, new.governor.interval_s, new.governor.sysfs_root):
+                restart.append("governor.enabled/interval_s/sysfs_root")
+            logging.getLogger().setLevel(new.log_level.upper())
+            self.cfg = new.model_copy(update={k: getattr(old, k) for k in RESTART_KEYS})
+            logger.info(
+                "config reloaded from %s; restart needed for: %s", self.config_path, ", ".join(restart) or "nothing"
+            )
+            return {"applied": live, "restart_needed": restart}
 
     def _status_extra(self) -> dict[str, Any]:
         m = self.package.manifest
@@ -189,7 +279,17 @@ class Daemon:
 
     def _on_result(self, r: Result) -> None:
         self.cam_latency[r.camera].add(r.capture_to_result_ms)
+        self.last_dets[r.camera] = [d.to_json() for d in r.detections]
         self.publisher.submit(r)
+
+    def _on_sighup(self, signum: int, frame: FrameType | None) -> None:
+        threading.Thread(target=self._reload_logged, name="reload", daemon=True).start()
+
+    def _reload_logged(self) -> None:
+        try:
+            self.reload()
+        except CommandError as exc:
+            logger.error("SIGHUP: config not reloaded, the running one stays: %s", exc)
 
     def request_stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
         if signum is not None:
@@ -269,12 +369,8 @@ class Daemon:
         if install_signals:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
-            signal.signal(
-                signal.SIGHUP,
-                lambda *_: logger.warning(
-                    "SIGHUP: live reload is not supported yet; restart to apply a changed config"
-                ),
-            )
+            signal.signal(signal.SIGHUP, self._on_sighup)
+        self.commands.start()
         self.publisher.start()
         for c in self.cameras:
             c.start()
@@ -332,6 +428,7 @@ class Daemon:
         try:
             self.publisher.publish_json("telemetry", self.telemetry(), qos=0, retain=True)
         finally:
+            self.commands.stop()
             self.publisher.stop()
             self.backend.close()
         logger.info("stopped cleanly")

@@ -158,10 +158,15 @@ class Throttle:
 
     def __init__(self) -> None:
         self.fps_scale = 1.0
-        self.paused = False
+        self.governor_paused = False
+        self.user_paused = False  # the `pause` / `resume` commands
+
+    @property
+    def paused(self) -> bool:
+        return self.governor_paused or self.user_paused
 
     def set(self, fps_scale: float, paused: bool) -> None:
-        self.fps_scale, self.paused = fps_scale, paused
+        self.fps_scale, self.governor_paused = fps_scale, paused
 
 
 @dataclass
@@ -209,6 +214,7 @@ class Camera:
         self._free = [0, 1, 2]
         self._ready: int | None = None
         self.stats = CameraStats()
+        self.last_frame: np.ndarray | None = None  # the newest frame offered, for snapshots
         self._thread = threading.Thread(target=self._run, name=f"camera-{cfg.name}", daemon=True)
 
     # --- called by the inference thread, with `cond` held -------------------------------------
@@ -356,6 +362,7 @@ class Camera:
                 self._free.append(self._ready)
                 self.stats.drops += 1
             self._meta[idx] = FrameMeta(frame_no, wall, now_mono, transform)
+            self.last_frame = frame
             self._ready = idx
             self.stats.frames += 1
             self.cond.notify_all()

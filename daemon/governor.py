@@ -98,6 +98,11 @@ class Policy:
         self.oc_last: dict[str, int] = {}
         self.thresholds = {Level.WARM: cfg.warm_c, Level.HOT: cfg.hot_c, Level.CRITICAL: cfg.critical_c}
 
+    def reconfigure(self, cfg: GovernorConfig, mem: MemoryConfig) -> None:
+        """New thresholds and limits (a reload); the current level is kept and re-evaluated next sample."""
+        self.cfg, self.mem = cfg, mem
+        self.thresholds = {Level.WARM: cfg.warm_c, Level.HOT: cfg.hot_c, Level.CRITICAL: cfg.critical_c}
+
     def _level_for(self, temp: float) -> Level:
         level = Level.NORMAL
         for lv, threshold in self.thresholds.items():

@@ -20,26 +20,9 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from .annotate import draw
 from .config import Config
 from .publish import make_client
-
-
-def draw(frame: np.ndarray, detections: list[dict[str, Any]]) -> np.ndarray:
-    out = frame.copy()
-    for d in detections:
-        x1, y1, x2, y2 = (round(v) for v in d["box"])
-        cv2.rectangle(out, (x1, y1), (x2, y2), (60, 255, 60), 2)
-        cv2.putText(
-            out,
-            f"{d['label']} {d['score']:.2f}",
-            (x1, max(14, y1 - 6)),
-            cv2.FONT_HERSHEY_SIMPLEX,
-            0.5,
-            (60, 255, 60),
-            1,
-            cv2.LINE_AA,
-        )
-    return np.asarray(out)
 
 
 def read_frame(video: Path, index: int) -> np.ndarray | None:

@@ -125,7 +125,7 @@ def _run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     logging.getLogger().setLevel(logging.DEBUG if args.verbose else cfg.log_level.upper())
-    daemon = Daemon(cfg)
+    daemon = Daemon(cfg, config_path=args.config)
     summary = daemon.run(args.duration)
     print(
         f"edged: {summary.results} results in {summary.batches} batches over {summary.seconds:.1f} s; "

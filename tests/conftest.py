@@ -44,7 +44,7 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str, step: float 
 class Broker:
     """A mosquitto process on 127.0.0.1 with a generated config; stop() and start() it at will."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, persistence: bool = False, extra: str = "") -> None:
         exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         if not Path(exe).exists():
             pytest.fail("mosquitto is not installed (apt-get install mosquitto); .ci/run installs it")
@@ -53,7 +53,13 @@ class Broker:
         self.host = "127.0.0.1"
         self.workdir = workdir
         self.conf = workdir / "mosquitto.conf"
-        self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+        lines = [f"listener {self.port} 127.0.0.1"]
+        lines.append(extra if extra else "allow_anonymous true")
+        if persistence:  # sessions and queued messages survive a restart of the broker
+            lines += ["persistence true", f"persistence_location {workdir}/", "autosave_interval 1"]
+        else:
+            lines.append("persistence false")
+        self.conf.write_text("\n".join(lines) + "\n")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -103,13 +109,23 @@ class Subscriber:
     messages: list[Message] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    persistent: bool = False
+
     def __post_init__(self) -> None:
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"test-{free_port()}", protocol=mqtt.MQTTv5)
         self.subscribed = threading.Event()
         self.client.on_connect = lambda c, u, f, rc, p: c.subscribe(self.pattern, qos=1)
         self.client.on_subscribe = lambda c, u, mid, rcs, p: self.subscribed.set()
         self.client.on_message = self._on_message
-        self.client.connect(self.host, self.port)
+        self.client.reconnect_delay_set(0.2, 1)
+        props = None
+        if self.persistent:  # a session the broker keeps (and fills) while we are away
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
+
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 600
+        self.client.connect(self.host, self.port, clean_start=not self.persistent, properties=props)
         self.client.loop_start()
         if not self.subscribed.wait(10):
             raise AssertionError("test subscriber could not subscribe")
@@ -136,8 +152,8 @@ class Subscriber:
 def subscribe() -> Iterator[Callable[[Broker, str], Subscriber]]:
     subs: list[Subscriber] = []
 
-    def make(b: Broker, pattern: str = "edged/#") -> Subscriber:
-        s = Subscriber(b.host, b.port, pattern)
+    def make(b: Broker, pattern: str = "edged/#", persistent: bool = False) -> Subscriber:
+        s = Subscriber(b.host, b.port, pattern, persistent=persistent)
         subs.append(s)
         return s
 

@@ -1,0 +1,192 @@
+"""The command channel: ``<prefix>/<device>/cmd/<verb>`` in, a reply for every command out.
+
+A command's payload is capped (16 KiB) and parsed strictly before anything acts on it: UTF-8, a
+JSON object without duplicate keys, without NaN or Infinity, nested at most 16 deep, then validated
+against the verb's schema (unknown fields are errors). The reply goes to the MQTT v5 response topic
+with the correlation data when the command carries them, else to ``…/cmd/<verb>/reply``:
+
+    {"schema": "edged.reply/1", "verb": "pause", "ok": true, "result": {...}}
+    {"schema": "edged.reply/1", "verb": "snapshot", "ok": false, "error": {"code": "...", "message": "..."}}
+
+Retained commands are acted on only when the verb is idempotent (a retained ``reload`` would
+re-run at every reconnect). Commands run one at a time on their own thread, off paho's network
+thread; no exception escapes to paho. Verbs are registered by the daemon (``register``); later
+parts add model verbs the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from paho.mqtt.client import MQTTMessage
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+logger = logging.getLogger(__name__)
+
+MAX_COMMAND_BYTES = 16 * 1024
+MAX_DEPTH = 16
+REPLY_SCHEMA = "edged.reply/1"
+
+
+class CommandError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class NoArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Handler = Callable[[Any], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Verb:
+    args: type[BaseModel]
+    handler: Handler
+    idempotent: bool
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise CommandError("duplicate_key", f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise CommandError("not_a_number", f"{name} is not allowed")
+
+
+def _depth(value: Any, limit: int) -> None:
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if d > limit:
+            raise CommandError("too_deep", f"nested more than {limit} levels")
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, d + 1) for x in v)
+
+
+def parse_payload(payload: bytes) -> dict[str, Any]:
+    """Strictly parse a command payload into a JSON object; raise CommandError(code, message)."""
+    if len(payload) > MAX_COMMAND_BYTES:
+        raise CommandError("too_large", f"{len(payload)} bytes, over the {MAX_COMMAND_BYTES} byte cap")
+    if not payload.strip():
+        return {}
+    try:
+        text = payload.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as exc:
+        raise CommandError("not_utf8", f"not UTF-8: {exc.reason} at byte {exc.start}") from exc
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except RecursionError as exc:
+        raise CommandError("too_deep", f"nested more than {MAX_DEPTH} levels") from exc
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        raise CommandError("invalid_json", f"not valid JSON: {exc}") from exc
+    _depth(doc, MAX_DEPTH)
+    if not isinstance(doc, dict):
+        raise CommandError("not_an_object", f"the payload must be a JSON object, not {type(doc).__name__}")
+    return doc
+
+
+class Commands:
+    def __init__(self, root: str, reply: Callable[[str, bytes, Properties | None], None]) -> None:
+        self.root = root
+        self._reply = reply
+        self.verbs: dict[str, Verb] = {}
+        self.handled = 0
+        self.rejected = 0
+        self._q: queue.Queue[MQTTMessage | None] = queue.Queue(maxsize=32)
+        self._thread = threading.Thread(target=self._run, name="commands", daemon=True)
+
+    def register(self, verb: str, args: type[BaseModel], handler: Handler, idempotent: bool) -> None:
+        self.verbs[verb] = Verb(args, handler, idempotent)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with contextlib.suppress(queue.Full):
+            self._q.put_nowait(None)
+        self._thread.join(5.0)
+
+    def on_message(self, msg: MQTTMessage) -> None:
+        """Called on paho's network thread: only queue the message (reply 'busy' when the queue is full)."""
+        try:
+            self._q.put_nowait(msg)
+        except queue.Full:
+            self._answer(msg, self._verb_of(msg.topic), error=CommandError("busy", "too many commands waiting"))
+
+    def _verb_of(self, topic: str) -> str:
+        prefix = self.root + "/cmd/"
+        return topic[len(prefix) :] if topic.startswith(prefix) else ""
+
+    def _run(self) -> None:
+        while (msg := self._q.get()) is not None:
+            verb = self._verb_of(msg.topic)
+            try:
+                result = self.execute(verb, bytes(msg.payload), bool(msg.retain))
+                self._answer(msg, verb, result=result)
+                self.handled += 1
+            except CommandError as exc:
+                self.rejected += 1
+                logger.warning("command %s refused: %s: %s", verb or msg.topic, exc.code, exc)
+                self._answer(msg, verb, error=exc)
+            except Exception as exc:  # a loop boundary: the daemon keeps serving
+                self.rejected += 1
+                logger.exception("command %s failed", verb)
+                self._answer(msg, verb, error=CommandError("failed", f"{type(exc).__name__}: {exc}"))
+
+    def execute(self, verb: str, payload: bytes, retained: bool = False) -> dict[str, Any]:
+        spec = self.verbs.get(verb)
+        if spec is None:
+            raise CommandError("unknown_verb", f"unknown verb {verb!r}; known: {', '.join(sorted(self.verbs))}")
+        if retained and not spec.idempotent:
+            raise CommandError("retained_ignored", f"a retained {verb!r} is not acted on (it is not idempotent)")
+        doc = parse_payload(payload)
+        try:
+            args = spec.args.model_validate(doc)
+        except ValidationError as exc:
+            problems = "; ".join(
+                ".".join(str(p) for p in e["loc"]) + ": " + ("unknown field" if e["type"] == "extra_forbidden"
+                                                             else e["msg"])
+                for e in exc.errors()
+            )  # fmt: skip
+            raise CommandError("invalid_arguments", problems or "invalid arguments") from exc
+        return spec.handler(args)
+
+    def _answer(self, msg: MQTTMessage, verb: str, result: dict[str, Any] | None = None,
+                error: CommandError | None = None) -> None:  # fmt: skip
+        doc: dict[str, Any] = {"schema": REPLY_SCHEMA, "verb": verb, "ok": error is None}
+        if error is None:
+            doc["result"] = result or {}
+        else:
+            doc["error"] = {"code": error.code, "message": str(error)[:500]}
+        in_props = getattr(msg, "properties", None)
+        topic = getattr(in_props, "ResponseTopic", None) if in_props is not None else None
+        if not isinstance(topic, str) or not topic or any(c in topic for c in "+#\x00"):
+            topic = f"{self.root}/cmd/{verb or 'unknown'}/reply"
+        props = None
+        corr = getattr(in_props, "CorrelationData", None) if in_props is not None else None
+        if corr is not None:
+            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            props.CorrelationData = corr
+        try:
+            self._reply(topic, json.dumps(doc).encode(), props)
+        except Exception:  # a reply that cannot be sent must not take the command thread down
+            logger.exception("command %s: cannot send the reply", verb)

@@ -1,0 +1,145 @@
+"""Nothing lost: the durable spool and the MQTT session, through broker outages and crashes.
+Real mosquitto on 127.0.0.1, real daemon processes killed with real signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edged.daemon.config import MqttConfig, SpoolConfig
+from edged.daemon.publish import Publisher
+from edged.daemon.spool import Spool
+from edged.models.demo import DemoAssets
+
+from .conftest import Broker, base_config, free_port, wait_until, write_config
+
+
+@pytest.fixture
+def persistent_broker(tmp_path: Path) -> Iterator[Broker]:
+    (tmp_path / "broker").mkdir()
+    b = Broker(tmp_path / "broker", persistence=True)
+    b.start()
+    yield b
+    b.stop()
+
+
+def seqs_of(results: list[dict[str, Any]], boot_id: str | None = None) -> list[int]:
+    return sorted({r["seq"] for r in results if boot_id is None or r["boot_id"] == boot_id})
+
+
+def cams(fps: int = 10) -> list[dict[str, Any]]:
+    return [{"name": "cam", "uri": f"synthetic://?fps={fps}", "fps_max": fps}]
+
+
+def test_spool_bounds_and_order(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.db", max_bytes=10_000, max_age_s=3600)
+    for i in range(100):
+        spool.append("t", json.dumps({"i": i}).encode().ljust(200), 1)
+    spool.commit()
+    assert spool.bytes <= 10_000 and spool.dropped == 50 and spool.rows == 50
+    rows = spool.after(0, 1000)
+    assert [json.loads(r.payload)["i"] for r in rows] == list(range(50, 100))  # the oldest went first
+    spool.delete([r.id for r in rows[:10]])
+    assert spool.rows == 40 and spool.bytes == 40 * 200
+    spool.close()
+    again = Spool(tmp_path / "s.db", max_bytes=10_000, max_age_s=0.001)  # reopened: rows survive...
+    assert again.rows == 40
+    time.sleep(0.01)
+    again.commit()  # ...until the age bound drops them
+    assert again.rows == 0 and again.dropped == 40
+
+
+def test_broker_outage_of_30_s_loses_nothing(
+    persistent_broker: Broker, subscribe, start_daemon, demo: DemoAssets, tmp_path: Path
+) -> None:
+    sub = subscribe(persistent_broker, "edged/test-01/results/#", persistent=True)
+    d = start_daemon(write_config(tmp_path / "c.yaml", base_config(persistent_broker, demo, tmp_path, cams())))
+    wait_until(lambda: len(sub.results()) >= 20, 60, "results before the outage")
+    persistent_broker.stop()
+    time.sleep(30)
+    persistent_broker.start()
+    time.sleep(8)  # results keep coming after the broker is back
+    assert d.stop() == 0, d.output()[-2000:]
+    boot = sub.results()[0]["boot_id"]
+    wait_until(lambda: len(seqs_of(sub.results(), boot)) == max(seqs_of(sub.results(), boot)), 30, "the backlog")
+    got = seqs_of(sub.results(), boot)
+    n_msgs = len(sub.results())
+    print(f"\noutage: {len(got)} results, seq 1..{got[-1]}, {n_msgs - len(got)} duplicates")
+    assert got == list(range(1, got[-1] + 1)) and got[-1] >= 20 + 10 * 30 * 0.8  # the outage's results too
+
+
+def test_broker_away_at_start_then_sigkill_then_restart(
+    subscribe, start_daemon, demo: DemoAssets, tmp_path: Path
+) -> None:
+    (tmp_path / "broker").mkdir()
+    broker = Broker(tmp_path / "broker")  # not started yet: the daemon starts without it
+    cfg = write_config(tmp_path / "c.yaml", base_config(broker, demo, tmp_path, cams()))
+    d1 = start_daemon(cfg)
+    wait_until(lambda: "serving 1 camera(s)" in d1.output(), 60, "the daemon to serve without a broker")
+    time.sleep(3)
+    d1.stop(signal.SIGKILL)  # results are in the spool, none acknowledged
+    broker.start()
+    try:
+        sub = subscribe(broker, "edged/test-01/results/#")
+        d2 = start_daemon(cfg)
+        wait_until(lambda: len({r["boot_id"] for r in sub.results()}) == 2, 60, "results of both runs")
+        first = [r for r in sub.results() if r["boot_id"] != sub.results()[-1]["boot_id"]]
+        old = seqs_of(first)
+        assert old == list(range(1, len(old) + 1)) and len(old) >= 15, old[:5]  # 3 s at 10 fps, last 200 ms may go
+        assert d2.stop() == 0
+        assert "from before this start will be sent" in d2.output()
+    finally:
+        broker.stop()
+
+
+def test_spool_limit_drops_oldest_and_says_so(broker, subscribe, start_daemon, demo: DemoAssets, tmp_path: Path) -> None:
+    away = Broker(tmp_path)  # configured, not started
+    doc = base_config(away, demo, tmp_path, cams(20), spool={"max_mb": 0.02, "commit_interval_ms": 50})
+    d = start_daemon(write_config(tmp_path / "c.yaml", doc))
+    wait_until(lambda: "serving 1 camera(s)" in d.output(), 60, "serving")
+    time.sleep(4)  # ~80 results of ~500 bytes: more than 20 kB
+    away.start()
+    try:
+        sub = subscribe(away, "edged/test-01/#")
+        wait_until(lambda: any(m.json()["mqtt"]["spool_dropped"] > 0 for m in sub.on("telemetry")), 30, "the count")
+        wait_until(lambda: len(sub.results()) > 20, 30, "results")
+        assert d.stop() == 0
+    finally:
+        away.stop()
+    tel = [m.json()["mqtt"] for m in sub.on("telemetry")]
+    assert max(t["spool_mb"] for t in tel) <= 0.021
+    got = seqs_of(sub.results())
+    assert got[0] > 1 and got == list(range(got[0], got[-1] + 1))  # the oldest were dropped, the rest in order
+
+
+def test_oversized_message_is_refused_locally(broker, subscribe, tmp_path: Path) -> None:
+    sub = subscribe(broker, "edged/dev/#")
+    pub = Publisher(MqttConfig(host=broker.host, port=broker.port), SpoolConfig(commit_interval_ms=20),
+                    Spool(tmp_path / "s.db", 10**8, 3600), "dev", "edged/dev", "0" * 32, dict)  # fmt: skip
+    pub.start()
+    try:
+        wait_until(lambda: pub.connected, 10, "connected")
+        pub.submit_event({"type": "big", "blob": "x" * 300_000})
+        pub.submit_event({"type": "small"})
+        wait_until(lambda: any(m.json().get("type") == "small" for m in sub.on("events")), 10, "the small event")
+        assert pub.oversized == 1 and pub.connects == 1 and pub.connected  # the connection stayed up
+        assert not any(m.json().get("type") == "big" for m in sub.on("events"))
+    finally:
+        pub.stop()
+
+
+def test_unreachable_broker_backs_off(tmp_path: Path) -> None:
+    pub = Publisher(MqttConfig(host="127.0.0.1", port=free_port()), SpoolConfig(), Spool(tmp_path / "s.db", 10**6, 60),
+                    "dev", "edged/dev", "0" * 32, dict)  # fmt: skip
+    pub.start()
+    time.sleep(6.5)
+    failures = pub.connect_failures
+    pub.stop(timeout_s=0.5)
+    assert 2 <= failures <= 4  # 1 + 2 + 4 s of backoff, not a tight loop
+    assert "Connection refused" in pub.last_error
