@@ -1,6 +1,7 @@
 """The command channel: ``<prefix>/<device>/cmd/<verb>`` in, a reply for every command out.
 
-A command's payload is capped (16 KiB) and parsed strictly before anything acts on it: UTF-8, a
+A command's payload is capped (16 KiB), never empty (an empty publish clears a retained message;
+``{}`` means no arguments), and parsed strictly before anything acts on it: UTF-8, a
 JSON object without duplicate keys, without NaN or Infinity, nested at most 16 deep, then validated
 against the verb's schema (unknown fields are errors). The reply goes to the MQTT v5 response topic
 with the correlation data when the command carries them, else to ``…/cmd/<verb>/reply``:
@@ -86,8 +87,8 @@ def parse_payload(payload: bytes) -> dict[str, Any]:
     """Strictly parse a command payload into a JSON object; raise CommandError(code, message)."""
     if len(payload) > MAX_COMMAND_BYTES:
         raise CommandError("too_large", f"{len(payload)} bytes, over the {MAX_COMMAND_BYTES} byte cap")
-    if not payload.strip():
-        return {}
+    if not payload:  # what clearing a retained message delivers: never a command
+        raise CommandError("empty", "an empty payload is not a command; send {} for no arguments")
     try:
         text = payload.decode("utf-8", errors="strict")
     except UnicodeDecodeError as exc:

@@ -117,13 +117,13 @@ class Subscriber:
         self.client.on_connect = lambda c, u, f, rc, p: c.subscribe(self.pattern, qos=1)
         self.client.on_subscribe = lambda c, u, mid, rcs, p: self.subscribed.set()
         self.client.on_message = self._on_message
-        self.client.reconnect_delay_set(0.2, 1)
+        self.client.reconnect_delay_set(1, 2)
         props = None
         if self.persistent:  # a session the broker keeps (and fills) while we are away
             from paho.mqtt.packettypes import PacketTypes
             from paho.mqtt.properties import Properties
 
-            props = Properties(PacketTypes.CONNECT)
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             props.SessionExpiryInterval = 600
         self.client.connect(self.host, self.port, clean_start=not self.persistent, properties=props)
         self.client.loop_start()

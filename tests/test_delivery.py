@@ -98,7 +98,9 @@ def test_broker_away_at_start_then_sigkill_then_restart(
         broker.stop()
 
 
-def test_spool_limit_drops_oldest_and_says_so(broker, subscribe, start_daemon, demo: DemoAssets, tmp_path: Path) -> None:
+def test_spool_limit_drops_oldest_and_says_so(
+    broker, subscribe, start_daemon, demo: DemoAssets, tmp_path: Path
+) -> None:
     away = Broker(tmp_path)  # configured, not started
     doc = base_config(away, demo, tmp_path, cams(20), spool={"max_mb": 0.02, "commit_interval_ms": 50})
     d = start_daemon(write_config(tmp_path / "c.yaml", doc))
