@@ -150,6 +150,8 @@ class Publisher:
         self.client.on_disconnect = self._on_disconnect
         self.client.on_publish = self._on_publish
         self.client.on_message = self._on_message
+        self.client.on_log = self._on_log
+        self._socket_error = ""
         self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
         self._net_thread = threading.Thread(target=self._network, name="mqtt-network", daemon=True)
 
@@ -165,9 +167,9 @@ class Publisher:
     def _on_connect(
         self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Properties | None
     ) -> None:
-        if rc.is_failure:
+        if rc.is_failure:  # the broker closes the socket next; the network loop reports this reason once
             self.connected = False
-            self._connect_failed(f"the broker refused the connection: {rc}")
+            self._socket_error = f"the broker refused the connection: {rc}"
             return
         self.connected = True
         self.connects += 1
@@ -198,6 +200,10 @@ class Publisher:
         except Exception:  # the handler must not raise; if it does, it must not reach paho
             logger.exception("mqtt: command handler failed on %s", msg.topic)
 
+    def _on_log(self, client: mqtt.Client, userdata: Any, level: int, buf: str) -> None:
+        if level == mqtt.MQTT_LOG_ERR and buf.startswith("failed to receive on socket"):
+            self._socket_error = buf  # e.g. "failed to receive on socket: [SSL: ...] sslv3 alert certificate revoked"
+
     def _connect_failed(self, reason: str) -> None:
         self.connect_failures += 1
         if reason != self.last_error:
@@ -209,7 +215,7 @@ class Publisher:
     def _network(self) -> None:
         backoff = 1.0
         first = True
-        socket_open = False
+        socket_open = had_connack = False
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = self.cfg.session_expiry_s
         while not self._net_stop.is_set():
@@ -229,17 +235,21 @@ class Publisher:
                     backoff = min(backoff * 2, 60.0)
                     continue
             rc = self.client.loop(timeout=0.2)
-            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-                socket_open = False
-                self.connected = False
-                if self._net_stop.is_set():
-                    break
-                if self.last_error == "" and rc != MQTTErrorCode.MQTT_ERR_NO_CONN:
-                    self._connect_failed(f"connection lost: {mqtt.error_string(rc)}")
-                self._net_stop.wait(backoff)
-                backoff = min(backoff * 2, 60.0)
-            elif self.connected:
-                backoff = 1.0
+            if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
+                if self.connected:
+                    backoff = 1.0
+                    had_connack = True
+                continue
+            socket_open = False
+            self.connected = False
+            if self._net_stop.is_set():
+                break
+            if not had_connack:  # lost before the CONNACK: the broker refused us (a bad certificate, say)
+                self._connect_failed(self._socket_error or f"connection lost: {mqtt.error_string(rc)}")
+            had_connack = False
+            self._socket_error = ""
+            self._net_stop.wait(backoff)
+            backoff = min(backoff * 2, 60.0)
 
     def network_alive(self) -> bool:
         return self._net_thread.is_alive() and time.monotonic() - self.last_net_progress < 10.0

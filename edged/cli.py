@@ -79,6 +79,24 @@ def _parser() -> argparse.ArgumentParser:
     tel.add_argument("--root", type=Path, default=Path("/"), help="where sys/, proc/meminfo, var/lib/nvpmodel are")
     tel.add_argument("--json", action="store_true", help="print JSON")
 
+    certs = sub.add_parser(
+        "certs",
+        help="a small CA for the broker and the devices (TLS client certificates)",
+        description="Make a CA, server and device certificates, and revoke them (see systemd/mosquitto/).",
+    )
+    csub = certs.add_subparsers(dest="certs_verb", metavar="CERTS_VERB", required=True)
+    c_ca = csub.add_parser("ca", help="make ca.crt and ca.key in --dir")
+    c_srv = csub.add_parser("server", help="a broker certificate for the given host names / addresses")
+    c_srv.add_argument("hosts", nargs="+", metavar="HOST")
+    c_dev = csub.add_parser("device", help="a device certificate; its CN (the device id) is its MQTT user name")
+    c_dev.add_argument("device_id")
+    c_rev = csub.add_parser("revoke", help="add a certificate to --dir/crl.pem")
+    c_rev.add_argument("cert", type=Path)
+    for c in (c_ca, c_srv, c_dev, c_rev):
+        c.add_argument("--dir", type=Path, required=True, help="the CA's folder")
+    for c in (c_srv, c_dev):
+        c.add_argument("--days", type=int, default=825, help="validity in days (default 825)")
+
     model = sub.add_parser("model", help="model packages: fetch-demo")
     msub = model.add_subparsers(dest="model_verb", metavar="MODEL_VERB", required=True)
     fd = msub.add_parser(
@@ -109,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             return _watch(args)
         if args.verb == "telemetry":
             return _telemetry(args)
+        if args.verb == "certs":
+            return _certs(args)
         if args.verb == "model" and args.model_verb == "fetch-demo":
             return _fetch_demo(args)
     except EdgedError as exc:
@@ -171,6 +191,21 @@ def _watch(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(logging.WARNING)
     n = watch(cfg, args.duration, args.count, args.snapshot, args.video, only_detections=args.only_detections)
     print(f"watch: {n} results", file=sys.stderr)
+    return 0
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from edged.deploy import certs
+
+    if args.certs_verb == "ca":
+        out = certs.make_ca(args.dir)
+    elif args.certs_verb == "server":
+        out = certs.make_cert(args.dir, "server", hosts=args.hosts, days=args.days)
+    elif args.certs_verb == "device":
+        out = certs.make_cert(args.dir, args.device_id, days=args.days)
+    else:
+        out = certs.revoke(args.dir, args.cert)
+    print(f"certs: wrote {out}")
     return 0
 
 

@@ -53,7 +53,9 @@ class Broker:
         self.host = "127.0.0.1"
         self.workdir = workdir
         self.conf = workdir / "mosquitto.conf"
-        lines = [f"listener {self.port} 127.0.0.1"]
+        # mosquitto started as root drops to the `mosquitto` user unless told to stay (it must read
+        # the test's certificates and ACL in pytest's private temporary folders)
+        lines = [f"listener {self.port} 127.0.0.1"] + (["user root"] if os.geteuid() == 0 else [])
         lines.append(extra if extra else "allow_anonymous true")
         if persistence:  # sessions and queued messages survive a restart of the broker
             lines += ["persistence true", f"persistence_location {workdir}/", "autosave_interval 1"]
