@@ -144,7 +144,11 @@ def test_acl_confines_each_device_to_its_prefix(secure: Broker, pki: Path) -> No
     wait_until(lambda: dev_a.is_connected() and backend.is_connected(), 10, "both connected")
     granted: list[Any] = []
     done = threading.Event()
-    dev_a.on_subscribe = lambda c, u, mid, rcs, p: (granted.extend(rcs), done.set())
+    def on_subscribe(c: mqtt.Client, u: Any, mid: int, rcs: list[Any], p: Any) -> None:
+        granted.extend(rcs)
+        done.set()
+
+    dev_a.on_subscribe = on_subscribe
     dev_a.subscribe([("edged/dev-b/cmd/#", 1), ("edged/dev-a/cmd/#", 1)])
     assert done.wait(5)  # mosquitto 2.0 may grant the subscription and filter on delivery: checked below
     acks: dict[int, Any] = {}
