@@ -143,7 +143,10 @@ class Publisher:
         # after the mid is recorded, so no lock is held around paho's own (lock order: no deadlock).
         self._inflight: dict[int, int] = {}
         self._acked_mids: deque[int] = deque()
+        self._wake = threading.Event()  # set by submit() and by PUBACKs: the publisher thread has work
+        self._ack_batch = max(1, cfg.max_inflight // 4)
         self._last_sent = 0
+        self._maybe_unsent = True  # committed rows past _last_sent may exist (after a commit, or at start)
         self.client = make_client(cfg, cfg.client_id or f"edged-{device_id}")
         self.client.will_set(self.topic("status"), self._status_json("offline"), qos=1, retain=True)
         self.client.on_connect = self._on_connect
@@ -191,6 +194,8 @@ class Publisher:
         self, client: mqtt.Client, userdata: Any, mid: int, rc: ReasonCode, props: Properties | None
     ) -> None:
         self._acked_mids.append(mid)  # matched to a spool row by the publisher thread
+        if len(self._acked_mids) >= self._ack_batch:  # wake the publisher for a batch, not for each PUBACK
+            self._wake.set()
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         if self._on_command is None:
@@ -272,6 +277,7 @@ class Publisher:
     def submit(self, result: Result) -> None:
         try:
             self._q.put_nowait(("result", result))
+            self._wake.set()
         except queue.Full:
             self.dropped_queue_full += 1
 
@@ -279,6 +285,7 @@ class Publisher:
         """Events are spooled like results (QoS 1, nothing lost)."""
         try:
             self._q.put_nowait(("event", doc))
+            self._wake.set()
         except queue.Full:
             self.dropped_queue_full += 1
 
@@ -325,11 +332,15 @@ class Publisher:
         if not self.connected:
             return
         room = self.cfg.max_inflight - len(self._inflight)
-        if room <= 0:
+        if room <= 0 or not self._maybe_unsent:
             return
-        for row in self.spool.after(self._last_sent, room):
+        rows = self.spool.after(self._last_sent, room)
+        if len(rows) < room:
+            self._maybe_unsent = False
+        for row in rows:
             info = self.client.publish(row.topic, row.payload, qos=row.qos)
             if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+                self._maybe_unsent = True
                 break  # paho's queue is full: try again on the next turn
             if row.qos > 0:
                 self._inflight[info.mid] = row.id
@@ -342,10 +353,10 @@ class Publisher:
         last_commit = time.monotonic()
         interval = self.spool_cfg.commit_interval_ms / 1000.0
         while True:
+            self._wake.wait(min(0.05, interval))
+            self._wake.clear()
             try:
-                kind, item = self._q.get(timeout=min(0.05, interval))
-                self._spool_one(kind, item)
-                while True:  # take what else is waiting, without blocking
+                while True:  # take what is waiting, without blocking
                     kind, item = self._q.get_nowait()
                     self._spool_one(kind, item)
             except queue.Empty:
@@ -353,8 +364,15 @@ class Publisher:
             except Exception:  # a loop boundary: log once, count, keep going
                 logger.exception("publisher: cannot spool a message")
             now = time.monotonic()
-            if now - last_commit >= interval or self.spool.pending_commit >= 1000:
+            # Commit as soon as the queue is drained (low latency at camera rates), and at least every
+            # commit_interval_ms under load (group commit): the loss window is at most that interval.
+            pending = self.spool.pending_commit
+            if pending and (self._q.empty() or now - last_commit >= interval or pending >= 1000):
                 self.spool.commit()
+                last_commit = now
+                self._maybe_unsent = True
+            elif now - last_commit >= interval:
+                self.spool.commit()  # enforces the age bound even when nothing new comes
                 last_commit = now
             try:
                 self._deliver()
@@ -362,6 +380,7 @@ class Publisher:
                 logger.exception("publisher: delivery failed; retrying")
             if self._stop.is_set() and self._q.empty():
                 self.spool.commit()
+                self._maybe_unsent = True
                 return
 
     def pending(self) -> int:

@@ -144,6 +144,7 @@ def test_acl_confines_each_device_to_its_prefix(secure: Broker, pki: Path) -> No
     wait_until(lambda: dev_a.is_connected() and backend.is_connected(), 10, "both connected")
     granted: list[Any] = []
     done = threading.Event()
+
     def on_subscribe(c: mqtt.Client, u: Any, mid: int, rcs: list[Any], p: Any) -> None:
         granted.extend(rcs)
         done.set()
