@@ -420,4 +420,7 @@ class Publisher:
         self.client.disconnect()
         self._net_stop.set()
         self._net_thread.join(5.0)
+        # paho opens a wake-up socket pair in reconnect() and closes it only in loop_stop() (which we do
+        # not use: our own thread drives loop()) or when the client is garbage-collected; close it now.
+        self.client._reset_sockets()
         self.spool.close()

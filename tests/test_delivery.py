@@ -145,3 +145,20 @@ def test_unreachable_broker_backs_off(tmp_path: Path) -> None:
     pub.stop(timeout_s=0.5)
     assert 2 <= failures <= 4  # 1 + 2 + 4 s of backoff, not a tight loop
     assert "Connection refused" in pub.last_error
+
+
+def test_broker_away_at_start_then_appears(subscribe, start_daemon, demo: DemoAssets, tmp_path: Path) -> None:
+    (tmp_path / "broker").mkdir()
+    broker = Broker(tmp_path / "broker")  # configured, not started
+    d = start_daemon(write_config(tmp_path / "c.yaml", base_config(broker, demo, tmp_path, cams())))
+    wait_until(lambda: "serving 1 camera(s)" in d.output(), 60, "the daemon to serve without a broker")
+    time.sleep(3)  # results spool
+    broker.start()
+    try:
+        sub = subscribe(broker, "edged/test-01/results/#")
+        wait_until(lambda: len(sub.results()) >= 40, 30, "the spooled results and new ones")
+        assert d.stop() == 0
+        got = seqs_of(sub.results())
+        assert got == list(range(1, got[-1] + 1)) and got[-1] >= 40
+    finally:
+        broker.stop()
