@@ -30,6 +30,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -281,88 +282,65 @@ def _rebatched(src: Path, dest_model: Path, batch: int) -> None:
     os.replace(tmp, dest_model)
 
 
-def _blazeface(raw: Path, out: Path, which: str, size: int, batch: int, say: Progress) -> Package:
-    name = f"blazeface-{which}"
-    dest = out / name
+def _package(
+    src: Path, dest: Path, batch: int, labels: list[str], fields: dict[str, Any], licence: str, say: Progress
+) -> Package:
+    """The batch-B package of one demo model at `dest` (cached when it is there and intact)."""
+    name = dest.name
     cached = _cached_package(dest, batch)
     if cached:
         say(f"{name}: package cached (batch {batch})")
         return cached
     if dest.exists():
         shutil.rmtree(dest)
-    src = raw / f"face_detection_{which}_{size}x{size}_barracuda.onnx"
-    say(f"{name}: setting batch {batch} (Concat padding -> Pad, Reshape batch -> 0)")
+    say(f"{name}: setting batch {batch} (Concat padding -> Pad, Reshape batch -> 0, where the graph has them)")
     _rebatched(src, dest / "model.onnx", batch)
-    (dest / "labels.txt").write_text("face\n")
-    return write_package(
-        dest,
-        {
-            "schema": "edged.model/1",
-            "name": name,
-            "version": 1,
-            "created": _now(),
-            "kind": "onnx",
-            "model_file": "model.onnx",
-            "input": {
-                "name": "input:0",
-                "shape": [batch, size, size, 3],
-                "layout": "NHWC",
-                "color": "RGB",
-                "scale": 1.0,
-                "mean": [127.5, 127.5, 127.5],
-                "std": [127.5, 127.5, 127.5],
-                "resize": "letterbox",
-                "pad_value": 0,
-            },
-            "decoder": BLAZEFACE_DECODER,
-            "labels": ["face"],
-            "precision": "fp32",
-            "source": {"file": src.name, "sha256": sha256_file(src), "licence": ARTEFACTS[0].licence},
-        },
-        {"model.onnx": dest / "model.onnx", "labels.txt": dest / "labels.txt"},
-    )
+    (dest / "labels.txt").write_text("\n".join(labels) + "\n")
+    manifest = {
+        "schema": "edged.model/1",
+        "name": name,
+        "version": 1,
+        "created": _now(),
+        "kind": "onnx",
+        "model_file": "model.onnx",
+        "labels": labels,
+        "precision": "fp32",
+        "source": {"file": src.name, "sha256": sha256_file(src), "licence": licence},
+        **fields,
+    }
+    return write_package(dest, manifest, {"model.onnx": dest / "model.onnx", "labels.txt": dest / "labels.txt"})
+
+
+def _blazeface(raw: Path, out: Path, which: str, size: int, batch: int, say: Progress) -> Package:
+    src = raw / f"face_detection_{which}_{size}x{size}_barracuda.onnx"
+    spec = {
+        "name": "input:0",
+        "shape": [batch, size, size, 3],
+        "layout": "NHWC",
+        "color": "RGB",
+        "scale": 1.0,
+        "mean": [127.5] * 3,
+        "std": [127.5] * 3,
+        "resize": "letterbox",
+        "pad_value": 0,
+    }
+    fields = {"input": spec, "decoder": BLAZEFACE_DECODER}
+    return _package(src, out / f"blazeface-{which}", batch, ["face"], fields, ARTEFACTS[0].licence, say)
 
 
 def _picodet(raw: Path, out: Path, batch: int, say: Progress) -> Package:
-    name = "picodet-layout"
-    dest = out / name
-    cached = _cached_package(dest, batch)
-    if cached:
-        say(f"{name}: package cached (batch {batch})")
-        return cached
-    if dest.exists():
-        shutil.rmtree(dest)
-    src = raw / "layout_cdla.onnx"
-    say(f"{name}: setting batch {batch} (Reshape batch -> 0)")
-    _rebatched(src, dest / "model.onnx", batch)
-    (dest / "labels.txt").write_text("\n".join(PICODET_LABELS) + "\n")
-    return write_package(
-        dest,
-        {
-            "schema": "edged.model/1",
-            "name": name,
-            "version": 1,
-            "created": _now(),
-            "kind": "onnx",
-            "model_file": "model.onnx",
-            "input": {
-                "name": "image",
-                "shape": [batch, 3, 800, 608],
-                "layout": "NCHW",
-                "color": "RGB",
-                "scale": 1.0,
-                "mean": [123.675, 116.28, 103.53],
-                "std": [58.395, 57.12, 57.375],
-                "resize": "stretch",
-                "pad_value": 0,
-            },
-            "decoder": {
-                "type": "picodet",
-                "params": {"strides": [8, 16, 32, 64], "reg_max": 7},
-            },
-            "labels": PICODET_LABELS,
-            "precision": "fp32",
-            "source": {"file": src.name, "sha256": sha256_file(src), "licence": ARTEFACTS[1].licence},
-        },
-        {"model.onnx": dest / "model.onnx", "labels.txt": dest / "labels.txt"},
+    spec = {
+        "name": "image",
+        "shape": [batch, 3, 800, 608],
+        "layout": "NCHW",
+        "color": "RGB",
+        "scale": 1.0,
+        "mean": [123.675, 116.28, 103.53],
+        "std": [58.395, 57.12, 57.375],
+        "resize": "stretch",
+        "pad_value": 0,
+    }
+    fields = {"input": spec, "decoder": {"type": "picodet", "params": {"strides": [8, 16, 32, 64], "reg_max": 7}}}
+    return _package(
+        raw / "layout_cdla.onnx", out / "picodet-layout", batch, PICODET_LABELS, fields, ARTEFACTS[1].licence, say
     )
