@@ -20,6 +20,8 @@ examples:
   edged check-config -c examples/demo.yaml  validate a config, its model and its cameras
   edged run -c examples/demo.yaml --duration 20
   edged watch -c examples/demo.yaml         print what the device publishes
+  edged telemetry                           one reading of thermals, power, GPU and memory
+  edged certs ca --dir pki                  start a CA for TLS client certificates
 
 configuration keys can be overridden per device with EDGED_<SECTION>__<KEY>, e.g.
   EDGED_DEVICE_ID=orin-07 EDGED_MQTT__PORT=8883 EDGED_CAMERAS__0__URI=rtsp://cam/1 edged run -c edged.yaml
@@ -40,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="run the daemon (what systemd starts)",
-        description="Run the daemon until SIGTERM/SIGINT, --duration, or every camera has ended.",
+        description="Run the daemon until SIGTERM/SIGINT, --duration, or every camera has ended. SIGHUP re-reads "
+        "the config. Exit 0 on a clean stop, 1 on a bad config or model, 3 when the governor stopped it.",
     )
     run.add_argument("-c", "--config", required=True, type=Path, help="YAML config file")
     run.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
