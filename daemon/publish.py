@@ -177,8 +177,12 @@ class Publisher:
         self.connected = True
         self.connects += 1
         self.last_error = ""
-        logger.info("mqtt: connected to %s:%d (session present: %s)", self.cfg.host, self.cfg.port,
-                    getattr(flags, "session_present", "?"))  # fmt: skip
+        logger.info(
+            "mqtt: connected to %s:%d (session present: %s)",
+            self.cfg.host,
+            self.cfg.port,
+            getattr(flags, "session_present", "?"),
+        )
         client.publish(self.topic("status"), self._status_json("online"), qos=1, retain=True)
         if self._on_command is not None:
             client.subscribe(self.topic("cmd/+"), qos=1)
@@ -212,8 +216,12 @@ class Publisher:
     def _connect_failed(self, reason: str) -> None:
         self.connect_failures += 1
         if reason != self.last_error:
-            logger.error("mqtt: cannot connect to %s:%d: %s; retrying with backoff up to 60 s",
-                         self.cfg.host, self.cfg.port, reason)  # fmt: skip
+            logger.error(
+                "mqtt: cannot connect to %s:%d: %s; retrying with backoff up to 60 s",
+                self.cfg.host,
+                self.cfg.port,
+                reason,
+            )
         self.last_error = reason
 
     # --- the network thread ------------------------------------------------------------------------
@@ -228,8 +236,13 @@ class Publisher:
             if not socket_open:
                 try:
                     if first:
-                        self.client.connect(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s,
-                                            clean_start=False, properties=props)  # fmt: skip
+                        self.client.connect(
+                            self.cfg.host,
+                            self.cfg.port,
+                            keepalive=self.cfg.keepalive_s,
+                            clean_start=False,
+                            properties=props,
+                        )
                         first = False
                     else:
                         self.client.reconnect()
@@ -250,7 +263,16 @@ class Publisher:
             if self._net_stop.is_set():
                 break
             if not had_connack:  # lost before the CONNACK: the broker refused us (a bad certificate, say)
-                self._connect_failed(self._socket_error or f"connection lost: {mqtt.error_string(rc)}")
+                reason = self._socket_error or f"connection lost: {mqtt.error_string(rc)}"
+                if self.cfg.tls is not None and "alert" not in reason:
+                    # TLS 1.3: the broker checks our certificate after the handshake; its alert can be
+                    # lost in the close, leaving only an EOF here
+                    reason += (
+                        f"; the broker closed the TLS session before accepting us: it probably rejected "
+                        f"our client certificate {self.cfg.tls.cert_file} (expired, revoked, or not from "
+                        f"its CA?)"
+                    )
+                self._connect_failed(reason)
             had_connack = False
             self._socket_error = ""
             self._net_stop.wait(backoff)
@@ -289,8 +311,9 @@ class Publisher:
         except queue.Full:
             self.dropped_queue_full += 1
 
-    def publish_direct(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
-                       properties: Properties | None = None) -> bool:  # fmt: skip
+    def publish_direct(
+        self, topic: str, payload: bytes, qos: int = 0, retain: bool = False, properties: Properties | None = None
+    ) -> bool:
         """Not spooled: telemetry, replies, snapshots. False when refused locally or not sent."""
         if len(payload) > MAX_PAYLOAD_BYTES:
             self.oversized += 1
@@ -390,14 +413,22 @@ class Publisher:
     def stats(self) -> dict[str, Any]:
         inflight = len(self._inflight)
         return {
-            "connected": self.connected, "spooled": self.spooled, "published": self.published,
-            "acked": self.acked, "inflight": inflight, "spool_rows": self.spool.rows,
-            "spool_mb": round(self.spool.bytes / 2**20, 3), "spool_dropped": self.spool.dropped,
-            "dropped_queue_full": self.dropped_queue_full, "oversized": self.oversized,
-            "connects": self.connects, "connect_failures": self.connect_failures,
-            "network_alive": self.network_alive(), "network_restarts": self.network_restarts,
+            "connected": self.connected,
+            "spooled": self.spooled,
+            "published": self.published,
+            "acked": self.acked,
+            "inflight": inflight,
+            "spool_rows": self.spool.rows,
+            "spool_mb": round(self.spool.bytes / 2**20, 3),
+            "spool_dropped": self.spool.dropped,
+            "dropped_queue_full": self.dropped_queue_full,
+            "oversized": self.oversized,
+            "connects": self.connects,
+            "connect_failures": self.connect_failures,
+            "network_alive": self.network_alive(),
+            "network_restarts": self.network_restarts,
             "last_error": self.last_error,
-        }  # fmt: skip
+        }
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Spool what is queued, wait (up to `timeout_s`) for the broker to acknowledge the spool,

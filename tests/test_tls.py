@@ -45,12 +45,18 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tls_broker(workdir: Path, pki: Path, server: str = "server") -> Broker:
     acl = (REPO / "systemd" / "mosquitto" / "edged.acl").read_text()
     (workdir / "edged.acl").write_text(acl)
-    extra = "\n".join([
-        "allow_anonymous false",
-        f"cafile {pki}/ca.crt", f"certfile {pki}/{server}.crt", f"keyfile {pki}/{server}.key",
-        "require_certificate true", "use_identity_as_username true", f"crlfile {pki}/crl.pem",
-        f"acl_file {workdir}/edged.acl",
-    ])  # fmt: skip
+    extra = "\n".join(
+        [
+            "allow_anonymous false",
+            f"cafile {pki}/ca.crt",
+            f"certfile {pki}/{server}.crt",
+            f"keyfile {pki}/{server}.key",
+            "require_certificate true",
+            "use_identity_as_username true",
+            f"crlfile {pki}/crl.pem",
+            f"acl_file {workdir}/edged.acl",
+        ]
+    )
     return Broker(workdir, extra=extra)
 
 
@@ -73,21 +79,26 @@ def client(pki: Path, name: str, port: int, ca: Path | None = None) -> tuple[mqt
     return c, got
 
 
-def publisher(pki: Path, port: int, tmp: Path, name: str, ca: Path | None = None,
-              cert_dir: Path | None = None) -> Publisher:  # fmt: skip
+def publisher(
+    pki: Path, port: int, tmp: Path, name: str, ca: Path | None = None, cert_dir: Path | None = None
+) -> Publisher:
     d = cert_dir or pki
     tls = TlsConfig(ca_file=ca or pki / "ca.crt", cert_file=d / f"{name}.crt", key_file=d / f"{name}.key")
     cfg = MqttConfig(host="127.0.0.1", port=port, tls=tls)
     return Publisher(cfg, SpoolConfig(), Spool(tmp / f"{name}.db", 10**6, 60), name, f"edged/{name}", "0" * 32, dict)
 
 
-def test_daemon_over_tls_with_a_client_certificate(secure: Broker, pki: Path, start_daemon, demo: DemoAssets,
-                                                   tmp_path: Path) -> None:  # fmt: skip
+def test_daemon_over_tls_with_a_client_certificate(
+    secure: Broker, pki: Path, start_daemon, demo: DemoAssets, tmp_path: Path
+) -> None:
     backend, got = client(pki, "backend", secure.port)
     backend.subscribe("edged/#", qos=1)
     doc = base_config(secure, demo, tmp_path, [{"name": "cam", "uri": "synthetic://?fps=10"}])
-    doc["mqtt"]["tls"] = {"ca_file": str(pki / "ca.crt"), "cert_file": str(pki / "test-01.crt"),
-                          "key_file": str(pki / "test-01.key")}  # fmt: skip
+    doc["mqtt"]["tls"] = {
+        "ca_file": str(pki / "ca.crt"),
+        "cert_file": str(pki / "test-01.crt"),
+        "key_file": str(pki / "test-01.key"),
+    }
     d = start_daemon(write_config(tmp_path / "c.yaml", doc))
     try:
         wait_until(lambda: sum("/results/" in m.topic for m in got) >= 5, 60, "results over TLS")
@@ -134,7 +145,12 @@ def test_bad_certificates_fail_clearly_with_bounded_backoff(
     print(f"\n{case}: {failures} attempts in 6.5 s: {error}")
     assert connects == 0 and 2 <= failures <= 4, (failures, error)  # 1 + 2 + 4 s: no tight loop
     logged = [r.getMessage() for r in caplog.records if r.name == "edged.daemon.publish"]
-    assert any(reason in m and "retrying with backoff" in m for m in logged), logged
+    # the broker's alert names the reason; when TLS 1.3 loses it in the close, the hint does
+    server_side = case in ("expired", "revoked", "rogue")
+    assert any(
+        (reason in m or (server_side and "rejected our client certificate" in m)) and "retrying with backoff" in m
+        for m in logged
+    ), logged
 
 
 def test_acl_confines_each_device_to_its_prefix(secure: Broker, pki: Path) -> None:
