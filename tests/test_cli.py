@@ -1,0 +1,50 @@
+"""The user-facing verbs not covered elsewhere: watch and certs, as a user runs them."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from cryptography import x509
+
+from edged.models.demo import DemoAssets
+
+from .conftest import base_config, edged_cli, wait_until, write_config
+
+
+def test_watch_prints_what_a_device_publishes(broker, start_daemon, demo: DemoAssets, tmp_path: Path) -> None:
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        base_config(broker, demo, tmp_path, [{"name": "cam", "uri": f"file://{demo.video}", "realtime": False}]),
+    )
+    d = start_daemon(cfg)
+    wait_until(lambda: "serving 1 camera(s)" in d.output(), 60, "the daemon")
+    snap = tmp_path / "snap.jpg"
+    run = edged_cli("watch", "-c", str(cfg), "--duration", "12", "--only-detections", "--snapshot", str(snap),
+                    "--video", str(demo.video))  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert any(line.startswith("result  cam") and "face:" in line for line in lines)
+    assert not any(" 0 det " in line for line in lines)  # --only-detections
+    assert snap.stat().st_size > 10_000 and "snapshot:" in run.stdout
+    d.stop()
+
+
+def test_certs_cli(tmp_path: Path) -> None:
+    pki = tmp_path / "pki"
+    for args in (
+        ["ca"],
+        ["server", "broker.site", "10.0.0.2"],
+        ["device", "orin-07"],
+        ["revoke", str(pki / "orin-07.crt")],
+    ):
+        run = edged_cli("certs", *args, "--dir", str(pki))
+        assert run.returncode == 0, run.stderr
+    assert stat.S_IMODE((pki / "ca.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE((pki / "orin-07.key").stat().st_mode) == 0o600
+    dev = x509.load_pem_x509_certificate((pki / "orin-07.crt").read_bytes())
+    assert dev.subject.rfc4514_string() == "CN=orin-07"
+    crl = x509.load_pem_x509_crl((pki / "crl.pem").read_bytes())
+    assert crl.get_revoked_certificate_by_serial_number(dev.serial_number) is not None
+    again = edged_cli("certs", "ca", "--dir", str(pki))
+    assert again.returncode == 1 and "refusing to replace a CA" in again.stderr
