@@ -183,7 +183,7 @@ class Daemon:
         self.publisher.publish_direct(topic, payload, qos=1, properties=props)
 
     def _cmd_status(self, _: NoArgs) -> dict[str, Any]:
-        self.publisher.publish_direct(self.publisher.topic("status"), self.publisher._status_json("online"), 1, True)
+        self.publisher.publish_status("online")
         return {
             "state": "online", "boot_id": self.boot_id, "model": self.package.ref, "paused": self.throttle.paused,
             "level": self.governor.policy.level.label if self.governor else "off",

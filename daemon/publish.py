@@ -161,6 +161,10 @@ class Publisher:
     def topic(self, suffix: str) -> str:
         return f"{self.root}/{suffix}"
 
+    def publish_status(self, state: str) -> mqtt.MQTTMessageInfo:
+        """The retained `status` message (QoS 1): online, stopped; offline is the last will."""
+        return self.client.publish(self.topic("status"), self._status_json(state), qos=1, retain=True)
+
     def _status_json(self, state: str) -> bytes:
         doc = {"state": state, "version": __version__, "boot_id": self.boot_id, "since": self.since}
         doc.update(self._status_extra())
@@ -183,7 +187,7 @@ class Publisher:
             self.cfg.port,
             getattr(flags, "session_present", "?"),
         )
-        client.publish(self.topic("status"), self._status_json("online"), qos=1, retain=True)
+        self.publish_status("online")
         if self._on_command is not None:
             client.subscribe(self.topic("cmd/+"), qos=1)
 
@@ -406,10 +410,6 @@ class Publisher:
                 self._maybe_unsent = True
                 return
 
-    def pending(self) -> int:
-        """Messages not yet acknowledged: queued, in the spool (sent or not)."""
-        return int(self._q.qsize() + self.spool.rows + self.spool.pending_commit)
-
     def stats(self) -> dict[str, Any]:
         inflight = len(self._inflight)
         return {
@@ -441,7 +441,7 @@ class Publisher:
             time.sleep(0.02)
         self._deliver()
         if self.connected:
-            info = self.client.publish(self.topic("status"), self._status_json("stopped"), qos=1, retain=True)
+            info = self.publish_status("stopped")
             try:
                 info.wait_for_publish(max(0.1, deadline - time.monotonic()))
             except (RuntimeError, ValueError):
