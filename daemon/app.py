@@ -27,11 +27,11 @@ import numpy as np
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel, ConfigDict
 
-from edged.errors import ConfigError, EngineLoadError, PackageError
+from edged.errors import BackendError, ConfigError, EngineLoadError, PackageError
 from edged.models.package import Package, open_package
 
 from .annotate import draw
-from .backend import Backend, open_backend
+from .backend import Backend, open_backend, tensorrt_unavailable_reason
 from .capture import Camera, Throttle
 from .commands import CommandError, Commands, NoArgs
 from .config import Config, load_config
@@ -122,13 +122,7 @@ class Daemon:
         self.package = resolve_package(cfg)
         m = self.package.manifest
         in_use_mb = _memory_mb().get("rss_mb", 0.0)
-        self.backend = backend or open_backend(
-            m.kind,
-            self.package.model_path,
-            cfg.model.backend,
-            threads=cfg.model.onnxruntime.threads,
-            providers=tuple(cfg.model.onnxruntime.providers),
-        )
+        self.backend = backend or _open_model_backend(cfg, self.package)
         try:
             check_io(self.package, self.backend)
             shapes = {o.name: o.shape for o in self.backend.outputs}
@@ -437,3 +431,32 @@ class Daemon:
 def default_log_level(cfg_level: str) -> int:
     env = os.environ.get("EDGED_LOG_LEVEL")
     return getattr(logging, (env or cfg_level).upper(), logging.INFO)
+
+
+def _open_model_backend(cfg: Config, pkg: Package) -> Backend:
+    m = pkg.manifest
+    if cfg.model.build_on_device and m.kind == "onnx":
+        reason = tensorrt_unavailable_reason()
+        if reason:
+            raise BackendError(f"model.build_on_device is set, but {reason}")
+        from .trt import TensorRTBackend, cached_engine
+
+        def progress(msg: str) -> None:
+            logger.info("%s", msg)
+            notify("EXTEND_TIMEOUT_USEC=120000000")  # a build takes minutes; keep systemd's start timeout away
+
+        precision = cfg.model.build_precision or ("int8" if m.precision == "int8" else "fp16")
+        notify("STATUS=building a TensorRT engine for this device (first start only)")
+        engine, compatibility = cached_engine(
+            pkg.model_path, m.input.name, tuple(m.input.shape), precision, cfg.state_dir / "engines", progress
+        )
+        return TensorRTBackend(engine, compatibility, has_onnx=True)
+    return open_backend(
+        m.kind,
+        pkg.model_path,
+        cfg.model.backend,
+        threads=cfg.model.onnxruntime.threads,
+        providers=tuple(cfg.model.onnxruntime.providers),
+        compatibility=m.compatibility,
+        has_onnx="model.onnx" in m.files,
+    )

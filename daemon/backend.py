@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -74,7 +74,11 @@ class OnnxRuntimeBackend:
 
     name = "onnxruntime"
 
-    def __init__(self, model: Path, threads: int = 0, providers: tuple[str, ...] = ("cpu",)) -> None:
+    def __init__(
+        self, model: Path, threads: int = 0, providers: tuple[str, ...] = ("cpu",), optimize: bool = True
+    ) -> None:
+        """`optimize=False` runs the graph as written: Q/DQ pairs stay float arithmetic (simulated
+        quantization, what an accuracy check of a TensorRT-bound QDQ model wants on a CPU)."""
         try:
             import onnxruntime as ort
         except ImportError as exc:
@@ -90,7 +94,9 @@ class OnnxRuntimeBackend:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        )
         try:
             self._session = ort.InferenceSession(str(model), sess_options=opts, providers=wanted)
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types, all from RuntimeError or not
@@ -162,17 +168,28 @@ def open_backend(
     choice: Literal["auto", "onnxruntime", "tensorrt"] = "auto",
     threads: int = 0,
     providers: tuple[str, ...] = ("cpu",),
+    compatibility: dict[str, Any] | None = None,
+    has_onnx: bool = False,
 ) -> Backend:
-    """Pick and open a backend. `auto`: TensorRT for engines when it can run here, else ONNX Runtime."""
-    trt_reason = tensorrt_unavailable_reason() if choice != "onnxruntime" else None
+    """Pick and open a backend. `auto`: TensorRT for engines, ONNX Runtime for ONNX models.
+
+    An engine's `compatibility` (from its manifest) is checked against this device before TensorRT
+    deserializes it; `has_onnx` says whether the package carries the ONNX model to rebuild from."""
     if kind == "engine":
         if choice == "onnxruntime":
             raise BackendError(f"{model}: a TensorRT engine cannot run on the onnxruntime backend")
-        raise BackendError(f"{model}: {trt_reason or 'the tensorrt backend is not part of this edged build yet'}")
+        reason = tensorrt_unavailable_reason()
+        if reason:
+            raise BackendError(f"{model}: {reason}")
+        from .trt import TensorRTBackend
+
+        logger.info("opening %s on tensorrt (pid %d)", model, os.getpid())
+        return TensorRTBackend(model, compatibility or {}, has_onnx)
     if choice == "tensorrt":
+        reason = tensorrt_unavailable_reason()
         raise BackendError(
-            f"{model}: backend 'tensorrt' takes a TensorRT engine package, this is an ONNX model"
-            + (f" ({trt_reason})" if trt_reason else "")
+            f"{model}: backend 'tensorrt' takes a TensorRT engine package (edged build-engine), this is an ONNX "
+            "model" + (f" ({reason})" if reason else "")
         )
     logger.info("opening %s on onnxruntime (threads=%s, providers=%s, pid %d)", model, threads, providers, os.getpid())
     return OnnxRuntimeBackend(model, threads=threads, providers=providers)

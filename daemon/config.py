@@ -83,6 +83,8 @@ class ModelConfig(_Strict):
     name: str | None = None
     backend: Literal["auto", "onnxruntime", "tensorrt"] = "auto"
     onnxruntime: OnnxRuntimeConfig = OnnxRuntimeConfig()
+    build_on_device: bool = False  # ONNX package + TensorRT here: build an engine once, cache it, run it
+    build_precision: Literal["fp16", "int8", "fp32"] | None = None  # default: int8 for QDQ models, else fp16
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:

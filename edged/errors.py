@@ -10,6 +10,7 @@
     ├── PublishError                MQTT publishing failed in a way the caller must see
     ├── PackageError                a model package is malformed or fails verification (`code` says which)
     ├── FetchError                  a demo asset could not be fetched or failed its pinned hash
+    ├── QuantizeError               quantizing or building an engine failed, or its accuracy gate did
     └── SwapError                   a model swap was refused or failed
 
 Third-party exceptions are translated at the boundary: ``raise EngineLoadError(...) from exc``.
@@ -64,6 +65,10 @@ class PackageError(EdgedError):
 
 class FetchError(EdgedError):
     code = "fetch_failed"
+
+
+class QuantizeError(EdgedError):
+    code = "quantize_failed"
 
 
 class SwapError(EdgedError):

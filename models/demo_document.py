@@ -152,7 +152,8 @@ def render_page(photos: dict[str, np.ndarray], page: int) -> tuple[np.ndarray, l
     return img, regions
 
 
-def make_document_video(photos_dir: Path, video: Path, truth: Path, pages: int = 5) -> None:
+def make_document_video(photos_dir: Path, video: Path, truth: Path, pages: int = 5, first_page: int = 0) -> None:
+    """Render pages `first_page` .. `first_page + pages - 1` (each page number draws its own layout)."""
     photos = {}
     for name in ("astronaut.png", "coffee.png", "camera.png", "grace_hopper.jpg"):
         img = cv2.imread(str(photos_dir / name), cv2.IMREAD_COLOR)
@@ -166,7 +167,7 @@ def make_document_video(photos_dir: Path, video: Path, truth: Path, pages: int =
         raise FetchError(f"{video}: OpenCV cannot write mp4 here")
     frames: list[dict[str, object]] = []
     try:
-        for p in range(pages):
+        for p in range(first_page, first_page + pages):
             img, regions = render_page(photos, p)
             for _ in range(FPS * SECONDS_PER_PAGE):
                 frames.append({"frame": len(frames), "page": p, "regions": regions})

@@ -126,7 +126,10 @@ class Manifest(_Strict):
         return self
 
     def to_json(self) -> bytes:
-        return (json.dumps(self.model_dump(by_alias=True, exclude_none=True), indent=2) + "\n").encode()
+        doc = self.model_dump(by_alias=True, exclude_none=True)
+        if self.labels_file is None:
+            doc["labels_file"] = None  # an explicit "no labels file", not the default
+        return (json.dumps(doc, indent=2) + "\n").encode()
 
 
 @dataclass(frozen=True)

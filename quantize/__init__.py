@@ -1,4 +1,9 @@
-"""edged.quantize: offline tools (ONNX -> INT8 QDQ / FP16, accuracy reports, TensorRT engine builds).
+"""edged.quantize: offline model tools, never imported by the device runtime.
 
-Empty so far; the device runtime never imports it.
+frames.py   calibration / evaluation frames (images or video) with their ground truth
+int8.py     ONNX -> INT8 QDQ (ONNX Runtime's quantizer) with heads in float and a float-block search;
+            ONNX -> FP16
+report.py   the accuracy report and gate, through the daemon's preprocessing and decoders
+tool.py     `edged quantize`: source model + frames -> gated package
+engine.py   `edged build-engine`: ONNX -> TensorRT engine package (the builder is edged.daemon.trt)
 """

@@ -24,6 +24,29 @@ def put(root: Path, rel: str, value: object) -> None:
 THERMAL = "sys/devices/virtual/thermal"
 
 
+# First lines of /etc/nv_tegra_release as the releases write them.
+L4T_R32_7_4 = (
+    "# R32 (release), REVISION: 7.4, GCID: 33514132, BOARD: t210ref, EABI: aarch64, DATE: Fri Jun  9 04:25:08 UTC 2023"
+)
+L4T_R35_4_1 = (
+    "# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: t186ref, EABI: aarch64, DATE: Tue Aug  1 19:57:35 UTC 2023"
+)
+L4T_R36_3_0 = (
+    "# R36 (release), REVISION: 3.0, GCID: 36191598, BOARD: generic, EABI: aarch64, DATE: Mon May  6 17:34:21 UTC 2024"
+)
+L4T_R36_4_0 = (
+    "# R36 (release), REVISION: 4.0, GCID: 37537400, BOARD: generic, EABI: aarch64, DATE: Fri Sep 13 04:36:44 UTC 2024"
+)
+
+
+def l4t(root: Path, release: str, compatible: list[str]) -> None:
+    """/etc/nv_tegra_release and /proc/device-tree/compatible (NUL-separated, as the kernel exposes it)."""
+    put(root, "etc/nv_tegra_release", release + "\n# KERNEL_VARIANT: oot")
+    dt = root / "proc/device-tree/compatible"
+    dt.parent.mkdir(parents=True, exist_ok=True)
+    dt.write_bytes(b"".join(c.encode() + b"\0" for c in compatible))
+
+
 def thermal(root: Path, zones: dict[str, float]) -> None:
     for i, (name, c) in enumerate(zones.items()):
         put(root, f"{THERMAL}/thermal_zone{i}/type", name)
@@ -110,6 +133,7 @@ def nano_jp4(root: Path) -> Path:
         put(root, f"{iio}/crit_current_limit_{n}", 3000)
     gpu(root, "57000000.gpu", "gpu", 35.0, 921.6)
     nvpmodel(root, 0, {0: "MAXN", 1: "5W"})
+    l4t(root, L4T_R32_7_4, ["nvidia,p3450-0000", "nvidia,jetson-nano", "nvidia,tegra210"])
     meminfo(root, 2_100_000, 180_000)
     return root
 
@@ -137,6 +161,7 @@ def xavier_nx_jp5(root: Path) -> Path:
     gpu(root, "17000000.gv11b", "gv11b", 55.0, 1109.25)
     soctherm_oc(root, "hwmon1", [0, 0, 0, 0])
     nvpmodel(root, 8, {2: "MODE_15W_6CORE", 8: "MODE_20W_6CORE"})
+    l4t(root, L4T_R35_4_1, ["nvidia,p3509-0000+p3668-0001", "nvidia,jetson-xavier-nx", "nvidia,tegra194"])
     meminfo(root, 4_000_000, 350_000)
     return root
 
@@ -165,6 +190,7 @@ def orin_nano_jp6(root: Path) -> Path:
     gpu(root, "17000000.ga10b", "ga10b", 62.0, 624.75)
     soctherm_oc(root, "hwmon3", [0, 0, 0])
     nvpmodel(root, 0, {0: "15W", 1: "7W"})
+    l4t(root, L4T_R36_3_0, ["nvidia,p3768-0000+p3767-0005", "nvidia,p3767-0005", "nvidia,tegra234"])
     meminfo(root, 5_200_000, 410_000)
     return root
 
@@ -194,6 +220,7 @@ def agx_orin_jp5(root: Path) -> Path:
     gpu(root, "17000000.ga10b", "ga10b", 20.0, 1300.5)
     soctherm_oc(root, "hwmon4", [0, 0, 0])
     nvpmodel(root, 0, {0: "MAXN", 1: "MODE_15W", 2: "MODE_30W", 3: "MODE_50W"})
+    l4t(root, L4T_R35_4_1, ["nvidia,p3737-0000+p3701-0005", "nvidia,p3701-0005", "nvidia,tegra234"])
     meminfo(root, 25_000_000, 900_000)
     return root
 

@@ -1,0 +1,97 @@
+"""``edged build-engine``: an ONNX model (float, or INT8 QDQ from ``edged quantize --target tensorrt``)
+-> a TensorRT engine package whose manifest says what the engine needs.
+
+Run it on a device of the target type (engines are tied to the TensorRT version, the GPU's compute
+capability and the L4T release). The plan file is TensorRT's own bytes, nothing prepended, so
+trtexec and DeepStream read it too; every fact about it goes into ``manifest.json``. The ONNX model
+rides along in the package (unless ``carry_onnx`` is false) so a device that cannot load the engine
+can say how to rebuild it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from edged.daemon.trt import Precision, build_engine
+from edged.errors import PackageError, QuantizeError
+from edged.models.compat import l4t_release
+from edged.models.package import Package, open_package, sha256_file, write_package
+
+from .tool import load_source
+
+
+def build_engine_package(
+    model: Path,
+    out: Path,
+    *,
+    spec: Path | None = None,
+    precision: Precision | None = None,
+    workspace_mb: int = 1024,
+    timing_cache: Path | None = None,
+    dla_core: int | None = None,
+    carry_onnx: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> Package:
+    if out.exists() and any(out.iterdir()):
+        raise QuantizeError(f"{out}: exists and is not empty; choose another --out or remove it")
+    with tempfile.TemporaryDirectory(prefix="edged-engine-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        try:
+            src = load_source(model, spec, tmp)
+        except PackageError as exc:
+            raise QuantizeError(str(exc), code=exc.code) from exc
+        m = src.manifest
+        chosen: Precision = precision or ("int8" if m.precision == "int8" else "fp16")
+        if chosen == "int8" and m.precision != "int8":
+            raise QuantizeError(
+                f"{model}: int8 engines take a QDQ model with its scales; run `edged quantize --target tensorrt` first"
+            )
+        engine = tmp / "model.engine"
+        built = build_engine(
+            src.model,
+            engine,
+            m.input.name,
+            tuple(m.input.shape),
+            chosen,
+            workspace_mb,
+            timing_cache,
+            dla_core,
+            progress,
+        )
+        (tmp / "labels.txt").write_text("\n".join(m.labels) + "\n")
+        files = {"model.engine": engine, "labels.txt": tmp / "labels.txt"}
+        if carry_onnx:
+            files["model.onnx"] = src.model
+        fields = m.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
+        fields.update(
+            created=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            kind="engine",
+            model_file="model.engine",
+            labels_file="labels.txt",
+            precision=chosen,
+            compatibility={
+                "tensorrt": built.tensorrt,
+                "compute_capability": built.compute_capability,
+                "l4t": l4t_release(),
+                "platform": platform.machine(),
+                "version_compatible": False,
+                "hardware_compatibility": "none",
+                "batch": m.input.batch,
+                "device_memory_bytes": built.device_memory_bytes,
+                "dla_core": dla_core,
+            },
+            source={**m.source, "onnx_sha256": sha256_file(src.model), "build_seconds": round(built.seconds, 1)},
+        )
+        staging = out.with_name(out.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        write_package(staging, fields, files)
+        if out.exists():
+            out.rmdir()
+        os.replace(staging, out)
+    return open_package(out)

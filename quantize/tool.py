@@ -1,0 +1,197 @@
+"""``edged quantize``: a float ONNX model -> an INT8 (QDQ) or FP16 model package, behind an accuracy gate.
+
+The model comes as a package (folder or tar) or as an ``.onnx`` file with a spec: a manifest
+(``manifest.json`` beside the model, or ``--spec FILE``) that says how to preprocess and decode it.
+The quantized model is evaluated against the float one through the daemon's preprocessing and
+decoder; a package is written only when the report passes (or with ``force``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from edged.daemon.decoders import DecodeOptions
+from edged.errors import PackageError, QuantizeError
+from edged.models.package import MANIFEST, Manifest, Package, open_package, parse_manifest, sha256_file, write_package
+
+from .frames import Frame, read_frames
+from .int8 import Judge, Method, Target, convert_fp16, quantize_int8
+from .report import AccuracyReport, Gate, ModelRun, compare, run_model
+
+logger = logging.getLogger(__name__)
+
+REPORT_FILE = "quantize-report.json"
+
+
+@dataclass(frozen=True)
+class Source:
+    model: Path
+    manifest: Manifest
+    labels_file: Path | None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    report: AccuracyReport
+    package: Package | None  # None when the gate failed and nothing was forced
+    float_nodes: list[str]
+
+
+def load_source(model: Path, spec: Path | None, scratch: Path) -> Source:
+    """The float model and the manifest that says how to feed and decode it."""
+    if model.suffix != ".onnx":
+        if spec is not None:
+            raise QuantizeError(f"{model}: --spec goes with an .onnx file; a package brings its own manifest")
+        pkg = open_package(model, scratch=scratch)
+        if pkg.manifest.kind != "onnx":
+            raise QuantizeError(f"{model}: a {pkg.manifest.kind} package; quantize takes an ONNX model")
+        labels = pkg.root / pkg.manifest.labels_file if pkg.manifest.labels_file else None
+        return Source(pkg.model_path, pkg.manifest, labels)
+    if not model.is_file():
+        raise QuantizeError(f"{model}: no such ONNX file", code="not_found")
+    spec = spec or model.parent / MANIFEST
+    if not spec.is_file():
+        raise QuantizeError(
+            f"{model}: an ONNX file alone does not say how to preprocess frames or decode outputs; "
+            f"give --spec MANIFEST.json (input, decoder, labels) or a model package"
+        )
+    try:
+        data = spec.read_bytes()
+    except OSError as exc:
+        raise QuantizeError(f"{spec}: cannot read it: {exc.strerror}") from exc
+    manifest = parse_manifest(data, str(spec))
+    labels = spec.parent / manifest.labels_file if manifest.labels_file else None
+    return Source(model, manifest, labels if labels and labels.is_file() else None)
+
+
+def quantize(
+    model: Path,
+    calib: Path | None,
+    evaluate: Path,
+    out: Path,
+    *,
+    spec: Path | None = None,
+    precision: Literal["int8", "fp16"] = "int8",
+    target: Target = "cpu",
+    exclude: tuple[str, ...] = (),
+    keep_heads_float: bool = True,
+    method: Method = "percentile",
+    search: bool = True,
+    calib_frames: int | None = 64,
+    eval_frames: int | None = None,
+    score_threshold: float = 0.5,
+    gate: Gate = Gate(),  # noqa: B008 - frozen dataclass, safe as a default
+    version: int | None = None,
+    force: bool = False,
+    threads: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> Outcome:
+    say = progress or (lambda m: logger.info("%s", m))
+    if out.exists() and any(out.iterdir()):
+        raise QuantizeError(f"{out}: exists and is not empty; choose another --out or remove it")
+    with tempfile.TemporaryDirectory(prefix="edged-quantize-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        try:
+            src = load_source(model, spec, tmp)
+        except PackageError as exc:
+            raise QuantizeError(str(exc), code=exc.code) from exc
+        m = src.manifest
+        if m.precision != "fp32":
+            raise QuantizeError(f"{model}: already {m.precision}; quantize starts from the float model")
+        eval_set = read_frames(evaluate, eval_frames, say)
+        qpath = tmp / "model.onnx"
+        float_nodes: list[str] = []
+        opts = DecodeOptions(score_threshold=score_threshold)
+        simulate = precision == "int8" and target == "tensorrt"
+        searched = "not run"
+        if precision == "int8":
+            if calib is None:
+                raise QuantizeError("int8 needs calibration frames (--calib)")
+            calib_set = read_frames(calib, calib_frames, say)
+            judge = _judge(src, calib_set, opts, gate, threads, simulate, say) if search else None
+            q = quantize_int8(
+                src.model, qpath, m.input, calib_set, target, exclude, keep_heads_float, method, judge, say
+            )
+            float_nodes, searched = q.float_nodes, q.search
+        else:
+            say(f"converting {src.model.name} to float16 (inputs and outputs stay float32)")
+            convert_fp16(src.model, qpath)
+        say(f"evaluating the float model on {len(eval_set)} frames")
+        ref = run_model(src.model, m, eval_set, opts, threads, say)
+        say(f"evaluating the {precision} model" + (" (simulated quantization)" if simulate else ""))
+        got = run_model(qpath, m, eval_set, opts, threads, say, simulate=simulate)
+        report = compare(eval_set, ref, got, gate)
+        if not report and not force:
+            return Outcome(report, None, float_nodes)
+        (tmp / "labels.txt").write_text("\n".join(m.labels) + "\n")
+        (tmp / REPORT_FILE).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        fields = m.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
+        fields.update(
+            created=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            version=version if version is not None else m.version + 1,
+            precision=precision,
+            model_file="model.onnx",
+            labels_file="labels.txt",
+            compatibility={**m.compatibility, "quantized_for": target} if precision == "int8" else m.compatibility,
+            source={
+                **m.source,
+                "float_model_sha256": sha256_file(src.model),
+                "quantize": {
+                    "target": target,
+                    "calibration": method,
+                    "float_nodes": float_nodes,
+                    "search": searched,
+                    "gate_passed": bool(report),
+                },
+            },
+        )
+        staging = out.with_name(out.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        files = {"model.onnx": qpath, "labels.txt": tmp / "labels.txt", REPORT_FILE: tmp / REPORT_FILE}
+        write_package(staging, fields, files)
+        if out.exists():
+            out.rmdir()
+        os.replace(staging, out)
+        return Outcome(report, open_package(out), float_nodes)
+
+
+def _judge(
+    src: Source,
+    frames: list[Frame],
+    opts: DecodeOptions,
+    gate: Gate,
+    threads: int,
+    simulate: bool,
+    say: Callable[[str], None],
+) -> Judge:
+    """The gate with half the allowed loss, applied on the calibration frames: the evaluation frames stay
+    unseen until the end, and the margin stands for how few calibration frames there usually are."""
+    ref: list[ModelRun] = []
+    strict = Gate(
+        min_agreement=1 - (1 - gate.min_agreement) / 2,
+        min_mean_iou=gate.min_mean_iou,
+        max_recall_drop=gate.max_recall_drop / 2,
+        max_precision_drop=gate.max_precision_drop / 2,
+    )
+
+    def judge(candidate: Path) -> bool:
+        if not ref:
+            ref.append(run_model(src.model, src.manifest, frames, opts, threads))
+        got = run_model(candidate, src.manifest, frames, opts, threads, simulate=simulate)
+        report = compare(frames, ref[0], got, strict)
+        say(
+            f"on the calibration frames: recall/precision vs float {report.recall_vs_float:.3f}/"
+            f"{report.precision_vs_float:.3f}" + (" - passes" if report else " - fails")
+        )
+        return bool(report)
+
+    return judge
