@@ -42,7 +42,7 @@ from .preprocess import Preprocessor
 from .publish import Publisher, iso
 from .sensors import Sensors
 from .spool import Spool
-from .systemd import notify
+from .systemd import Watchdog, monotonic_usec, notify, set_log_model
 
 logger = logging.getLogger(__name__)
 
@@ -214,9 +214,11 @@ class Daemon:
         if self.config_path is None:
             raise CommandError("not_supported", "this daemon was not started from a config file")
         with self._reload_lock:
+            notify(f"RELOADING=1\nMONOTONIC_USEC={monotonic_usec()}\nSTATUS=reloading the config")
             try:
                 new = load_config(self.config_path)
             except ConfigError as exc:
+                notify(f"READY=1\nSTATUS=config reload refused, running on the old one: {exc}")
                 raise CommandError("config_invalid", str(exc)) from exc
             old = self.cfg
             d = new.detection
@@ -236,6 +238,7 @@ class Daemon:
             logger.info(
                 "config reloaded from %s; restart needed for: %s", self.config_path, ", ".join(restart) or "nothing"
             )
+            notify(f"READY=1\nSTATUS={self.status_line()}")
             return {"applied": live, "restart_needed": restart}
 
     def _status_extra(self) -> dict[str, Any]:
@@ -268,7 +271,7 @@ class Daemon:
         return (
             f"{fps:.1f} fps, {up}/{len(self.cameras)} cameras up, batch {m.input.batch}, {self.package.ref} on "
             f"{self.backend.name}, broker {'up' if self.publisher.connected else 'down'}, thermal {level}, "
-            f"{st.errors} errors"
+            f"spool {self.publisher.spool.rows}, {st.errors} errors"
         )
 
     def _on_result(self, r: Result) -> None:
@@ -377,11 +380,18 @@ class Daemon:
             self.cfg.device_id,
             self.cfg.topic_root,
         )
+        # Ready once the model is loaded and warm: cameras and the broker never gate it (their state is
+        # in STATUS= and telemetry), so a camera down at boot cannot make systemd restart a healthy daemon.
+        set_log_model(self.package.ref)
+        notify(f"READY=1\nSTATUS={self.status_line()}")
+        watchdog = Watchdog()
         deadline = None if duration_s is None else self.started + duration_s
         next_tel = time.monotonic() + self.cfg.telemetry.interval_s
         try:
             while not self.stop_event.is_set():
                 now = time.monotonic()
+                healthy, why = self._health(now, watchdog.stall_s)
+                watchdog.tick(now, healthy, why)
                 if deadline is not None and now >= deadline:
                     logger.info("run duration of %.0f s reached: stopping", duration_s)
                     break
@@ -408,11 +418,21 @@ class Daemon:
             self.stop_reason,
         )
 
+    def _health(self, now: float, stall_s: float) -> tuple[bool, str]:
+        """The watchdog's question: are the inference loop and the MQTT network thread making progress?"""
+        stalled = now - self.loop.stats.last_progress
+        if stalled > stall_s:
+            return False, f"the inference loop has made no progress for {stalled:.1f} s"
+        if not self.publisher.network_alive():
+            return False, "the MQTT network thread is not making progress"
+        return True, ""
+
     def _frames_waiting(self) -> bool:
         with self.cond:
             return any(c.has_ready_locked() for c in self.cameras)
 
     def shutdown(self) -> None:
+        notify("STOPPING=1\nSTATUS=stopping")
         self.request_stop()
         if self.governor is not None:
             self.governor.stop()

@@ -83,6 +83,8 @@ class ModelConfig(_Strict):
     name: str | None = None
     backend: Literal["auto", "onnxruntime", "tensorrt"] = "auto"
     onnxruntime: OnnxRuntimeConfig = OnnxRuntimeConfig()
+    keys_dir: Path = Path("/etc/edged/keys")  # the public keys (*.pub) whose signatures this device accepts
+    keep_versions: int = Field(3, ge=2, le=20)  # model versions kept in the store (current and previous always)
     build_on_device: bool = False  # ONNX package + TensorRT here: build an engine once, cache it, run it
     build_precision: Literal["fp16", "int8", "fp32"] | None = None  # default: int8 for QDQ models, else fp16
 
@@ -284,7 +286,7 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
             update={"ca_file": fix(tls.ca_file), "cert_file": fix(tls.cert_file), "key_file": fix(tls.key_file)}
         )
     mqtt = mqtt.model_copy(update={"tls": tls, "password_file": fix(mqtt.password_file)})
-    model = cfg.model.model_copy(update={"package": fix(cfg.model.package)})
+    model = cfg.model.model_copy(update={"package": fix(cfg.model.package), "keys_dir": fix(cfg.model.keys_dir)})
     governor = cfg.governor.model_copy(update={"sysfs_root": fix(cfg.governor.sysfs_root)})
     cameras = [
         c.model_copy(update={"uri": "file://" + str(fix(Path(c.uri[7:])))}) if c.uri.startswith("file://") else c

@@ -216,9 +216,15 @@ def build_engine(
     timing_cache: Path | None = None,
     dla_core: int | None = None,
     progress: Callable[[str], None] | None = None,
+    calibration: list[np.ndarray] | None = None,
+    calibration_cache: Path | None = None,
 ) -> BuiltEngine:
-    """ONNX -> a serialized engine with one fixed-shape profile. INT8 takes the explicit scales of a
-    QDQ model (`edged quantize --target tensorrt`); there is no implicit calibration here."""
+    """ONNX -> a serialized engine with one fixed-shape profile.
+
+    INT8 takes the explicit scales of a QDQ model (`edged quantize --target tensorrt`). For a float
+    model, and only as a fallback, `calibration` batches (preprocessed as the daemon does) drive
+    TensorRT's entropy calibrator, whose scales are kept in `calibration_cache` for the next build;
+    TensorRT 10 deprecates this implicit quantization in favour of Q/DQ."""
     trt, cuda = _import()
     say = progress or (lambda m: logger.info("%s", m))
     api = _Api(trt)
@@ -241,6 +247,8 @@ def build_engine(
             config.set_flag(trt.BuilderFlag.FP16)  # layers without Q/DQ may still take fp16
         if precision == "int8":
             config.set_flag(trt.BuilderFlag.INT8)
+            if calibration or (calibration_cache and calibration_cache.is_file()):
+                config.int8_calibrator = _entropy_calibrator(trt, cuda, calibration or [], calibration_cache)
         if dla_core is not None:
             if builder.num_DLA_cores <= dla_core:
                 raise BackendError(f"DLA core {dla_core} asked for; this device has {builder.num_DLA_cores}")
@@ -305,6 +313,33 @@ def cached_engine(
     build_engine(onnx_file, tmp, input_name, input_shape, precision, progress=progress)
     tmp.replace(engine)  # a crash mid-build leaves a .partial, never a truncated .engine
     return engine, compatibility
+
+
+def _entropy_calibrator(trt: Any, cuda: Any, batches: list[np.ndarray], cache: Path | None) -> Any:
+    class Calibrator(trt.IInt8EntropyCalibrator2):  # type: ignore[misc]
+        def __init__(self) -> None:
+            trt.IInt8EntropyCalibrator2.__init__(self)
+            self._batches = iter(batches)
+            self._device = cuda.mem_alloc(batches[0].nbytes) if batches else None
+
+        def get_batch_size(self) -> int:
+            return int(batches[0].shape[0]) if batches else 1
+
+        def get_batch(self, names: list[str]) -> list[int] | None:
+            batch = next(self._batches, None)
+            if batch is None or self._device is None:
+                return None
+            cuda.memcpy_htod(self._device, np.ascontiguousarray(batch))
+            return [int(self._device)]
+
+        def read_calibration_cache(self) -> bytes | None:
+            return cache.read_bytes() if cache and cache.is_file() else None
+
+        def write_calibration_cache(self, data: Any) -> None:
+            if cache:
+                cache.write_bytes(bytes(data))
+
+    return Calibrator()
 
 
 def _progress_monitor(trt: Any, say: Callable[[str], None]) -> Any:

@@ -178,9 +178,63 @@ def _parser() -> argparse.ArgumentParser:
     be.add_argument("--timing-cache", type=Path, help="read and update this timing cache (faster rebuilds)")
     be.add_argument("--dla-core", type=int, help="build for this DLA core, with GPU fallback")
     be.add_argument("--no-onnx", action="store_true", help="do not carry the ONNX model in the package")
+    be.add_argument(
+        "--calib",
+        type=Path,
+        help="int8 from a float model only: frames for TensorRT's entropy calibrator (a fallback; prefer "
+        "`edged quantize --target tensorrt`); its cache is kept beside --out",
+    )
 
-    model = sub.add_parser("model", help="model packages: fetch-demo")
+    keys = sub.add_parser("keys", help="Ed25519 signing keys for model packages and bundles")
+    ksub = keys.add_subparsers(dest="keys_verb", metavar="KEYS_VERB", required=True)
+    kg = ksub.add_parser(
+        "generate",
+        help="a new key pair: ID.key (private, 0600) and ID.pub (copy it to devices' model.keys_dir)",
+    )
+    kg.add_argument("--dir", type=Path, required=True, help="where to write the pair")
+    kg.add_argument("--name", help="file name instead of the key id")
+
+    model = sub.add_parser(
+        "model", help="model packages: pack, sign, verify; the device store: install, list, rollback"
+    )
     msub = model.add_subparsers(dest="model_verb", metavar="MODEL_VERB", required=True)
+    mp = msub.add_parser(
+        "pack",
+        help="a package folder -> one tar (signed with --key)",
+        description="Check a package folder (manifest.json and every file it lists, sizes and hashes) and "
+        "write a tar: manifest.json, manifest.sig, then the files. The same folder gives the same bytes.",
+    )
+    mp.add_argument("folder", type=Path)
+    mp.add_argument("--out", type=Path, required=True, help="the .tar to write")
+    mp.add_argument("--key", type=Path, help="private key (edged keys generate) to sign with")
+    ms = msub.add_parser("sign", help="sign a package folder or tar in place (adds or replaces manifest.sig)")
+    ms.add_argument("package", type=Path)
+    ms.add_argument("--key", type=Path, required=True)
+    mv = msub.add_parser(
+        "verify",
+        help="run a device's checks on a package without installing it",
+        description="The checks a device runs, in order: size caps, key pinned, signature, manifest, "
+        "expiry, version against this store, compatibility, space, every file's size and hash. Exit 0 "
+        "if it would install, 1 with the failing check's code if not.",
+    )
+    mv.add_argument("package", type=Path)
+    mv.add_argument("-c", "--config", type=Path, required=True, help="the device config (keys, state_dir)")
+    mi = msub.add_parser("install", help="verify and install into the store (current on probation)")
+    mi.add_argument("package", type=Path)
+    mi.add_argument("-c", "--config", type=Path, required=True)
+    ml = msub.add_parser("list", help="models in the store: versions, current, previous, probation, bad")
+    ml.add_argument("-c", "--config", type=Path, required=True)
+    ml.add_argument("--json", action="store_true")
+    mr = msub.add_parser(
+        "rollback",
+        help="make previous current again; the current version is marked bad",
+        description="current -> previous in the store; the version that was current is marked bad and never "
+        "installed again. With --if-probation (what edged-rollback.service runs after a crash loop) it only "
+        "acts while the current version is still on probation, so it rolls each version back at most once.",
+    )
+    mr.add_argument("name", nargs="?", help="the model (default: the config's model.name)")
+    mr.add_argument("--if-probation", action="store_true", help="only if the current version is on probation")
+    mr.add_argument("-c", "--config", type=Path, required=True)
     fd = msub.add_parser(
         "fetch-demo",
         help="fetch, pin and package the demo models; render the demo video",
@@ -195,11 +249,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from edged.daemon.systemd import log_handler
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[log_handler()])
     try:
         if args.verb == "run":
             return _run(args)
@@ -217,6 +269,16 @@ def main(argv: list[str] | None = None) -> int:
             return _build_engine(args)
         if args.verb == "model" and args.model_verb == "fetch-demo":
             return _fetch_demo(args)
+        if args.verb == "model":
+            from edged import model_cli
+
+            return model_cli.run(args)
+        if args.verb == "keys":
+            from edged.models.signing import generate_key
+
+            key, pub = generate_key(args.dir, args.name)
+            print(f"keys: wrote {key} (private: keep it off devices) and {pub} (put it in devices' model.keys_dir)")
+            return 0
     except EdgedError as exc:
         print(f"edged: error: {exc}", file=sys.stderr)
         return 1
@@ -350,6 +412,7 @@ def _build_engine(args: argparse.Namespace) -> int:
         timing_cache=args.timing_cache,
         dla_core=args.dla_core,
         carry_onnx=not args.no_onnx,
+        calib=args.calib,
         progress=lambda m: print(f"build-engine: {m}", file=sys.stderr, flush=True),
     )
     c = pkg.manifest.compatibility

@@ -60,6 +60,18 @@ class DeviceFacts:
         )
 
 
+def detect(root: Path = Path("/")) -> DeviceFacts:
+    """This device's facts without touching the GPU: TensorRT's version if it imports, the compute
+    capability from the SoC on Jetson (the TensorRT backend asks CUDA itself)."""
+    try:
+        import tensorrt
+
+        version: str | None = str(tensorrt.__version__)
+    except ImportError:
+        version = None
+    return DeviceFacts.read(root, tensorrt=version)
+
+
 def l4t_release(root: Path = Path("/")) -> str | None:
     """'36.4.0' from '# R36 (release), REVISION: 4.0, ...'; None off Jetson."""
     try:

@@ -4,13 +4,15 @@
 its outputs (decoder), what it needs (compatibility) and every file's size and sha256. Loading a
 package checks sizes and hashes before anything is handed to a backend, so a truncated or
 tampered model file is refused with a clear error instead of crashing inside ONNX Runtime.
-Signing (``manifest.sig``) and the on-device store come with the OTA work; this module already
-reads the exact manifest bytes so a signature can be checked over them.
+``manifest.sig`` (signing.py) signs the exact manifest bytes this module reads; the on-device
+store is store.py.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -250,3 +252,43 @@ def write_package(root: Path, manifest_fields: dict[str, Any], files: dict[str, 
     tmp.write_bytes(manifest.to_json())
     os.replace(tmp, root / MANIFEST)
     return verify_folder(root)
+
+
+def publish_package(out: Path, manifest_fields: dict[str, Any], files: dict[str, Path]) -> Package:
+    """Write a package into `out` (absent or empty) all at once: laid out beside it, then renamed in,
+    so an interrupted run never leaves a half-written package under the name."""
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    write_package(staging, manifest_fields, files)
+    if out.exists():
+        out.rmdir()
+    os.replace(staging, out)
+    return verify_folder(out)
+
+
+def pack_tar(pkg: Package, out: Path, sig_bytes: bytes | None = None) -> Path:
+    """A package tar: manifest.json (and manifest.sig) first, then the files in manifest order; the
+    same bytes every time for the same package (no owners, fixed mode and mtime)."""
+    created = pkg.manifest.created.replace("Z", "+00:00")
+    try:
+        mtime = int(dt.datetime.fromisoformat(created).timestamp())
+    except ValueError:
+        mtime = 0
+    tmp = out.with_name(f".{out.name}.tmp")
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        entries: list[tuple[str, bytes | Path]] = [(MANIFEST, pkg.manifest_bytes)]
+        if sig_bytes is not None:
+            entries.append(("manifest.sig", sig_bytes))
+        entries += [(name, pkg.root / name) for name in pkg.manifest.files]
+        for name, data in entries:
+            info = tarfile.TarInfo(name)
+            info.mode, info.mtime, info.uname, info.gname = 0o644, mtime, "", ""
+            if isinstance(data, bytes):
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            else:
+                info.size = data.stat().st_size
+                with data.open("rb") as f:
+                    tar.addfile(info, f)
+    os.replace(tmp, out)
+    return out

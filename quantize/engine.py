@@ -11,9 +11,7 @@ can say how to rebuild it.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import platform
-import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,8 +19,10 @@ from pathlib import Path
 from edged.daemon.trt import Precision, build_engine
 from edged.errors import PackageError, QuantizeError
 from edged.models.compat import l4t_release
-from edged.models.package import Package, open_package, sha256_file, write_package
+from edged.models.package import Package, publish_package, sha256_file
 
+from .frames import read_frames
+from .int8 import calibration_batches
 from .tool import load_source
 
 
@@ -36,6 +36,8 @@ def build_engine_package(
     timing_cache: Path | None = None,
     dla_core: int | None = None,
     carry_onnx: bool = True,
+    calib: Path | None = None,
+    calib_frames: int = 64,
     progress: Callable[[str], None] | None = None,
 ) -> Package:
     if out.exists() and any(out.iterdir()):
@@ -48,10 +50,14 @@ def build_engine_package(
             raise QuantizeError(str(exc), code=exc.code) from exc
         m = src.manifest
         chosen: Precision = precision or ("int8" if m.precision == "int8" else "fp16")
+        batches = None
         if chosen == "int8" and m.precision != "int8":
-            raise QuantizeError(
-                f"{model}: int8 engines take a QDQ model with its scales; run `edged quantize --target tensorrt` first"
-            )
+            if calib is None:
+                raise QuantizeError(
+                    f"{model}: an int8 engine needs a QDQ model with its scales (`edged quantize --target "
+                    "tensorrt`, recommended) or, as a fallback, --calib frames for TensorRT's entropy calibrator"
+                )
+            batches = calibration_batches(m.input, read_frames(calib, calib_frames, progress))
         engine = tmp / "model.engine"
         built = build_engine(
             src.model,
@@ -63,6 +69,8 @@ def build_engine_package(
             timing_cache,
             dla_core,
             progress,
+            calibration=batches,
+            calibration_cache=out.with_name(out.name + ".calib-cache") if batches else None,
         )
         (tmp / "labels.txt").write_text("\n".join(m.labels) + "\n")
         files = {"model.engine": engine, "labels.txt": tmp / "labels.txt"}
@@ -88,10 +96,5 @@ def build_engine_package(
             },
             source={**m.source, "onnx_sha256": sha256_file(src.model), "build_seconds": round(built.seconds, 1)},
         )
-        staging = out.with_name(out.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        write_package(staging, fields, files)
-        if out.exists():
-            out.rmdir()
-        os.replace(staging, out)
-    return open_package(out)
+        pkg = publish_package(out, fields, files)
+    return pkg

@@ -11,8 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
-import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ from typing import Literal
 
 from edged.daemon.decoders import DecodeOptions
 from edged.errors import PackageError, QuantizeError
-from edged.models.package import MANIFEST, Manifest, Package, open_package, parse_manifest, sha256_file, write_package
+from edged.models.package import MANIFEST, Manifest, Package, open_package, parse_manifest, publish_package, sha256_file
 
 from .frames import Frame, read_frames
 from .int8 import Judge, Method, Target, convert_fp16, quantize_int8
@@ -154,14 +152,8 @@ def quantize(
                 },
             },
         )
-        staging = out.with_name(out.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
         files = {"model.onnx": qpath, "labels.txt": tmp / "labels.txt", REPORT_FILE: tmp / REPORT_FILE}
-        write_package(staging, fields, files)
-        if out.exists():
-            out.rmdir()
-        os.replace(staging, out)
-        return Outcome(report, open_package(out), float_nodes)
+        return Outcome(report, publish_package(out, fields, files), float_nodes)
 
 
 def _judge(

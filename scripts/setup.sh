@@ -10,6 +10,7 @@ command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 command -v npm >/dev/null || need+=(npm)
+command -v systemd-analyze >/dev/null || need+=(systemd)  # unit checks only; systemd is never booted here
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need[*]}"
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"

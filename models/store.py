@@ -1,0 +1,436 @@
+"""The on-device model store (DESIGN §5), crash-safe at every step.
+
+    <state_dir>/models/<name>/versions/<v>/   immutable once renamed in
+    <state_dir>/models/<name>/current  -> versions/<v>     symlink, swapped by rename
+    <state_dir>/models/<name>/previous -> versions/<v'>
+    <state_dir>/models/<name>/state.json                 highest accepted, probation, versions marked bad
+    <state_dir>/staging/                                   scratch, wiped at start
+
+Every write that must survive a power cut is: write a temp file -> fsync -> os.replace -> fsync the
+folder. A version folder appears under ``versions/`` only complete (staged, checked, fsynced, renamed
+in). ``recover()`` (run at every start) wipes staging and temp files, quarantines a corrupt
+``state.json`` and rebuilds it from what is on disk, and points a dangling ``current`` at
+``previous``. So after a crash at any step exactly one of old / new is ``current``.
+
+Verification of an offered package runs in the order of DESIGN §5 and stops at the first failure,
+each with its own code, before anything is copied: size caps -> key pinned -> signature -> strict
+parse -> not expired -> version above the highest accepted (equal: nothing to do) -> not marked bad
+-> compatible with this device -> space -> every file's size and hash.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from edged.errors import PackageError
+
+from .compat import DeviceFacts, detect, mismatches
+from .package import MANIFEST, MAX_MANIFEST_BYTES, Manifest, Package, parse_manifest, verify_folder
+from .signing import SIG_FILE, TrustStore
+
+STATE = "state.json"
+MAX_FILE_BYTES = 8 << 30  # no single model file over 8 GiB
+
+# Crash-test seam: EDGEDTEST_CRASH_AT=<step> SIGKILLs the process when the store reaches <step> (the
+# default `on_step`); tests in-process pass their own `on_step`.
+CRASH_ENV = "EDGEDTEST_CRASH_AT"
+INSTALL_STEPS = ("staged", "hidden", "renamed", "state_written", "previous_linked", "current_linked")
+ROLLBACK_STEPS = ("marked_bad", "rolled_back")
+
+
+def crash_at_env_step(name: str) -> None:
+    if os.environ.get(CRASH_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def link_atomic(link: Path, target: str) -> None:
+    tmp = link.with_name(f".{link.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+    fsync_dir(link.parent)
+
+
+@dataclass
+class ModelState:
+    highest_accepted: int = 0
+    pending: int | None = None  # the version on probation, if any
+    probation_crashes: int = 0
+    probation_since: float | None = None
+    bad: list[int] = field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        return (json.dumps({"schema": "edged.store/1", **asdict(self)}, indent=2) + "\n").encode()
+
+    @classmethod
+    def parse(cls, data: bytes) -> ModelState:
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or doc.pop("schema", None) != "edged.store/1":
+            raise ValueError("not an edged.store/1 document")
+        state = cls(**doc)
+        if not isinstance(state.highest_accepted, int) or not all(isinstance(v, int) for v in state.bad):
+            raise ValueError("wrong types")
+        return state
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A package whose manifest passed every check that needs no file contents."""
+
+    manifest: Manifest
+    manifest_bytes: bytes
+    sig_bytes: bytes
+    key_id: str
+    same_version: bool
+
+
+@dataclass(frozen=True)
+class Installed:
+    name: str
+    version: int
+    status: Literal["installed", "unchanged"]
+    previous: int | None
+
+
+class Store:
+    def __init__(self, state_dir: Path, keep: int = 3, on_step: Callable[[str], None] = crash_at_env_step) -> None:
+        if keep < 2:
+            raise ValueError("keep must be at least 2 (current and previous)")
+        self.state_dir = state_dir
+        self.root = state_dir / "models"
+        self.staging = state_dir / "staging"
+        self.keep = keep
+        self._step = on_step
+
+    # ---- reading ---------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir()) if self.root.is_dir() else []
+
+    def _dir(self, name: str) -> Path:
+        return self.root / name
+
+    def versions(self, name: str) -> list[int]:
+        d = self._dir(name) / "versions"
+        return sorted(int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit()) if d.is_dir() else []
+
+    def pointer(self, name: str, which: Literal["current", "previous"]) -> int | None:
+        link = self._dir(name) / which
+        if not link.is_symlink() or not link.exists():
+            return None
+        target = Path(os.readlink(link)).name
+        return int(target) if target.isdigit() else None
+
+    def state(self, name: str) -> ModelState:
+        path = self._dir(name) / STATE
+        if not path.exists():
+            return ModelState()
+        return ModelState.parse(path.read_bytes())
+
+    def current(self, name: str) -> Package:
+        link = self._dir(name) / "current"
+        if self.pointer(name, "current") is None:
+            raise PackageError(f"model {name!r}: nothing installed in {self.root}", code="not_found")
+        return verify_folder(link)
+
+    # ---- start-up recovery -----------------------------------------------------------------
+    def recover(self) -> list[str]:
+        """Make the store consistent after whatever happened last; returns what it did, in words."""
+        done: list[str] = []
+        if self.staging.exists():
+            shutil.rmtree(self.staging)
+            done.append("staging wiped")
+        for name in self.names():
+            d = self._dir(name)
+            for tmp in d.glob(".*.tmp"):
+                tmp.unlink()
+                done.append(f"{name}: removed {tmp.name}")
+            vdir = d / "versions"
+            if vdir.is_dir():
+                for partial in vdir.glob(".*"):
+                    shutil.rmtree(partial, ignore_errors=True)
+                    done.append(f"{name}: removed partial {partial.name}")
+            try:
+                state = self.state(name)
+            except (ValueError, TypeError, OSError) as exc:
+                quarantine = d / f"{STATE}.corrupt-{int(time.time())}"
+                os.replace(d / STATE, quarantine)
+                versions = self.versions(name)
+                state = ModelState(highest_accepted=max(versions, default=0))
+                write_atomic(d / STATE, state.to_json())
+                done.append(f"{name}: {STATE} was corrupt ({exc}); kept as {quarantine.name}, rebuilt from disk")
+            for which in ("current", "previous"):
+                link = d / which
+                if link.is_symlink() and not link.exists():
+                    link.unlink()
+                    done.append(f"{name}: {which} pointed nowhere; removed")
+            cur, prev = self.pointer(name, "current"), self.pointer(name, "previous")
+            pending = state.pending
+            if pending is not None and pending != cur and (d / "versions" / str(pending)).is_dir():
+                if cur is not None:  # an activation cut short after it was recorded: finish it
+                    link_atomic(d / "previous", f"versions/{cur}")
+                link_atomic(d / "current", f"versions/{pending}")
+                done.append(f"{name}: finished activating {pending} (previous {cur})")
+                cur, prev = pending, cur
+            if cur is not None and cur in state.bad and prev is not None and prev not in state.bad:
+                link_atomic(d / "current", f"versions/{prev}")  # a rollback cut short after marking
+                (d / "previous").unlink()
+                fsync_dir(d)
+                done.append(f"{name}: finished rolling back {cur} -> {prev}")
+            cur, prev = self.pointer(name, "current"), self.pointer(name, "previous")
+            if prev is not None and (prev == cur or prev in state.bad):  # a rollback cut short after the flip
+                (d / "previous").unlink()
+                fsync_dir(d)
+                done.append(f"{name}: previous ({prev}) dropped")
+            if self.pointer(name, "current") is None:
+                fallback = self.pointer(name, "previous")
+                if fallback is None:
+                    good = [v for v in self.versions(name) if v not in state.bad]
+                    fallback = good[-1] if good else None
+                if fallback is not None:
+                    link_atomic(d / "current", f"versions/{fallback}")
+                    done.append(f"{name}: current -> {fallback}")
+        return done
+
+    # ---- verification ----------------------------------------------------------------------
+    def check_offer(
+        self,
+        manifest_bytes: bytes,
+        sig_bytes: bytes,
+        trust: TrustStore,
+        where: str,
+        facts: DeviceFacts | None = None,
+        now: dt.datetime | None = None,
+    ) -> Offer:
+        """Every check that needs only manifest.json and manifest.sig, in DESIGN §5's order."""
+        if len(manifest_bytes) > MAX_MANIFEST_BYTES:
+            raise PackageError(
+                f"{where}: manifest is {len(manifest_bytes)} bytes, over {MAX_MANIFEST_BYTES}", code="too_large"
+            )
+        kid = trust.verify(manifest_bytes, sig_bytes, where)
+        m = parse_manifest(manifest_bytes, where)
+        now = now or dt.datetime.now(dt.timezone.utc)
+        if m.expires is not None:
+            try:
+                expires = dt.datetime.fromisoformat(m.expires.replace("Z", "+00:00"))
+            except ValueError as exc:
+                raise PackageError(f"{where}: expires {m.expires!r} is not ISO 8601", code="manifest_invalid") from exc
+            if expires.tzinfo is None:
+                expires = expires.replace(tzinfo=dt.timezone.utc)
+            if expires <= now:
+                raise PackageError(f"{where}: {m.name}@{m.version} expired at {m.expires}", code="expired")
+        state = self.state(m.name)
+        if m.version in state.bad:
+            raise PackageError(
+                f"{where}: {m.name}@{m.version} was rolled back here and is never retried", code="bad_version"
+            )
+        if m.version < state.highest_accepted:
+            raise PackageError(
+                f"{where}: {m.name}@{m.version} is older than the highest accepted version "
+                f"{state.highest_accepted} (replayed?)",
+                code="older_version",
+            )
+        same = m.version == state.highest_accepted and self.pointer(m.name, "current") == m.version
+        if m.kind == "engine" and facts is not None:  # ONNX packages run anywhere ONNX Runtime does
+            problems = mismatches(m.compatibility, facts)
+            if problems:
+                raise PackageError(
+                    f"{where}: {m.name}@{m.version} cannot run here: {'; '.join(problems)}", code="incompatible"
+                )
+        if any(e.size > MAX_FILE_BYTES for e in m.files.values()):
+            raise PackageError(f"{where}: a file is declared over {MAX_FILE_BYTES} bytes", code="too_large")
+        need = sum(e.size for e in m.files.values())
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.state_dir).free
+        if not same and need * 1.1 > free:
+            raise PackageError(f"{where}: needs {need >> 20} MiB, {free >> 20} MiB free", code="no_space")
+        return Offer(m, manifest_bytes, sig_bytes, kid, same)
+
+    # ---- install ---------------------------------------------------------------------------
+    def install(
+        self,
+        source: Path,
+        trust: TrustStore,
+        facts: DeviceFacts | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> Installed:
+        """Verify a package (tar or folder) and make it `current` on probation; the old one `previous`."""
+        say = progress or (lambda m: None)
+        manifest_bytes, sig_bytes = read_head(source)
+        offer = self.check_offer(manifest_bytes, sig_bytes, trust, str(source), facts or detect())
+        m = offer.manifest
+        if offer.same_version:
+            return Installed(m.name, m.version, "unchanged", self.pointer(m.name, "previous"))
+        self.staging.mkdir(parents=True, exist_ok=True)
+        stage = self.staging / f"{m.name}-{m.version}-{os.getpid()}"
+        shutil.rmtree(stage, ignore_errors=True)
+        stage.mkdir()
+        say(f"staging {m.name}@{m.version} (key {offer.key_id})")
+        try:
+            _copy_files(source, stage, m)
+            write_atomic(stage / MANIFEST, manifest_bytes)
+            write_atomic(stage / SIG_FILE, sig_bytes)
+            verify_folder(stage)  # sizes and hashes, the last check
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)  # a refused package leaves nothing behind
+            raise
+        self._step("staged")
+        return self.activate(m.name, m.version, stage)
+
+    def activate(self, name: str, version: int, stage: Path) -> Installed:
+        """Rename a verified staged folder in, record it, flip the links (previous first)."""
+        d = self._dir(name)
+        vdir = d / "versions"
+        vdir.mkdir(parents=True, exist_ok=True)
+        final = vdir / str(version)
+        if final.exists():  # left by a crash after the rename: identical content (same verified manifest)
+            shutil.rmtree(stage)
+        else:
+            hidden = vdir / f".{version}.partial"
+            shutil.rmtree(hidden, ignore_errors=True)
+            os.replace(stage, hidden)
+            fsync_dir(vdir)
+            self._step("hidden")
+            os.replace(hidden, final)
+            fsync_dir(vdir)
+        self._step("renamed")
+        state = self.state(name)
+        old = self.pointer(name, "current")
+        state.highest_accepted = max(state.highest_accepted, version)
+        state.pending, state.probation_crashes, state.probation_since = version, 0, time.time()
+        write_atomic(d / STATE, state.to_json())
+        self._step("state_written")
+        if old is not None and old != version:
+            link_atomic(d / "previous", f"versions/{old}")
+        self._step("previous_linked")
+        link_atomic(d / "current", f"versions/{version}")
+        self._step("current_linked")
+        self.prune(name)
+        return Installed(name, version, "installed", old)
+
+    # ---- probation outcome -----------------------------------------------------------------
+    def commit(self, name: str) -> None:
+        state = self.state(name)
+        state.pending, state.probation_crashes, state.probation_since = None, 0, None
+        write_atomic(self._dir(name) / STATE, state.to_json())
+
+    def rollback(self, name: str, reason: str = "rolled back") -> tuple[int, int]:
+        """current -> previous; the version that was current is marked bad. Returns (from, to)."""
+        d = self._dir(name)
+        cur, prev = self.pointer(name, "current"), self.pointer(name, "previous")
+        state = self.state(name)
+        if cur is None or prev is None or prev == cur or prev in state.bad:
+            raise PackageError(f"model {name!r}: no previous version to roll back to", code="no_previous")
+        if cur not in state.bad:
+            state.bad.append(cur)
+        state.pending, state.probation_crashes, state.probation_since = None, 0, None
+        write_atomic(d / STATE, state.to_json())
+        self._step("marked_bad")
+        link_atomic(d / "current", f"versions/{prev}")
+        self._step("rolled_back")
+        (d / "previous").unlink()
+        fsync_dir(d)
+        return cur, prev
+
+    def prune(self, name: str) -> list[int]:
+        """Keep the newest `keep` versions; never current, previous or the one on probation."""
+        protected = {self.pointer(name, "current"), self.pointer(name, "previous"), self.state(name).pending}
+        versions = self.versions(name)
+        extra = [v for v in versions[: max(0, len(versions) - self.keep)] if v not in protected]
+        for v in extra:
+            shutil.rmtree(self._dir(name) / "versions" / str(v))
+        return extra
+
+
+def read_head(source: Path) -> tuple[bytes, bytes]:
+    """manifest.json and manifest.sig of a package folder or tar, size-capped, nothing else read."""
+    if source.is_dir():
+        parts = []
+        for fname, cap in ((MANIFEST, MAX_MANIFEST_BYTES), (SIG_FILE, 4096)):
+            p = source / fname
+            if not p.is_file():
+                raise PackageError(f"{source}: no {fname}", code="unsigned" if fname == SIG_FILE else "not_a_package")
+            if p.stat().st_size > cap:
+                raise PackageError(f"{p}: over {cap} bytes", code="too_large")
+            parts.append(p.read_bytes())
+        return parts[0], parts[1]
+    if not source.is_file() or not tarfile.is_tarfile(source):
+        raise PackageError(f"{source}: neither a package folder nor a tar file", code="not_a_package")
+    with tarfile.open(source) as tar:
+        out: dict[str, bytes] = {}
+        for fname, cap in ((MANIFEST, MAX_MANIFEST_BYTES), (SIG_FILE, 4096)):
+            try:
+                member = tar.getmember(fname)
+            except KeyError:
+                raise PackageError(
+                    f"{source}: no {fname}", code="unsigned" if fname == SIG_FILE else "not_a_package"
+                ) from None
+            if not member.isfile() or member.size > cap:
+                raise PackageError(f"{source}: {fname} is not a file under {cap} bytes", code="too_large")
+            f = tar.extractfile(member)
+            out[fname] = f.read() if f else b""
+    return out[MANIFEST], out[SIG_FILE]
+
+
+def _copy_files(source: Path, stage: Path, m: Manifest) -> None:
+    """Copy exactly the files the manifest lists, never more bytes than it declares for each."""
+    if source.is_dir():
+        for name, entry in m.files.items():
+            src = source / name
+            if not src.is_file():
+                raise PackageError(f"{src}: listed in the manifest but missing", code="file_missing")
+            _copy_capped(src.open("rb"), stage / name, entry.size, str(src))
+        return
+    with tarfile.open(source) as tar:
+        members = {mem.name: mem for mem in tar.getmembers()}
+        for name, entry in m.files.items():
+            mem = members.get(name)
+            if mem is None or not mem.isfile():
+                raise PackageError(
+                    f"{source}: {name} is listed in the manifest but not in the tar", code="file_missing"
+                )
+            f = tar.extractfile(mem)
+            if f is None:
+                raise PackageError(f"{source}: {name} cannot be read", code="file_missing")
+            _copy_capped(f, stage / name, entry.size, f"{source}:{name}")
+
+
+def _copy_capped(src: Any, dst: Path, size: int, where: str) -> None:
+    written = 0
+    with src, open(dst, "wb") as out:
+        while chunk := src.read(1 << 20):
+            written += len(chunk)
+            if written > size:
+                raise PackageError(f"{where}: longer than the {size} bytes the manifest declares", code="too_long")
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    if written != size:
+        raise PackageError(f"{where}: {written} bytes, the manifest says {size}", code="size_mismatch")

@@ -1,0 +1,74 @@
+"""The unit files as systemd reads them: `systemd-analyze verify` and the offline security score
+(nothing is started; systemd never runs here as PID 1)."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+UNITS = REPO / "systemd"
+ANALYZE = shutil.which("systemd-analyze")
+pytestmark = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze not installed (apt-get install systemd)")
+
+
+def _units_here(tmp_path: Path, l4t: str) -> Path:
+    """The units with their ExecStart pointing at this checkout's edged, the devices drop-in of `l4t`."""
+    edged = Path(sys.executable).parent / "edged"
+    for name in ("edged.service", "edged-rollback.service"):
+        text = (UNITS / name).read_text().replace("/opt/edged/venv/bin/edged", str(edged))
+        (tmp_path / name).write_text(text)
+    dropin = tmp_path / "edged.service.d"
+    dropin.mkdir()
+    shutil.copy(UNITS / "devices" / f"l4t-{l4t}.conf", dropin / "devices.conf")
+    return tmp_path / "edged.service"
+
+
+@pytest.mark.parametrize("l4t", ["r35", "r36"])
+def test_units_verify(tmp_path: Path, l4t: str) -> None:
+    unit = _units_here(tmp_path, l4t)
+    r = subprocess.run(
+        [ANALYZE, "verify", str(unit), str(tmp_path / "edged-rollback.service")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    problems = [line for line in r.stderr.splitlines() if "edged" in line]
+    assert r.returncode == 0 and not problems, r.stderr
+
+
+def test_security_exposure_at_most_2(tmp_path: Path) -> None:
+    unit = _units_here(tmp_path, "r36")
+    r = subprocess.run(
+        [ANALYZE, "security", "--offline=true", "--no-pager", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    m = re.search(r"Overall exposure level for edged\.service: ([\d.]+)", r.stdout + r.stderr)
+    assert m, r.stdout[-2000:] + r.stderr[-2000:]
+    print(f"\nsystemd-analyze security --offline=true: {m.group(1)}")
+    assert float(m.group(1)) <= 2.0
+
+
+def test_unit_settings_that_matter() -> None:
+    p = configparser.ConfigParser(strict=False, interpolation=None)
+    p.optionxform = str  # type: ignore[assignment,method-assign]
+    p.read_string((UNITS / "edged.service").read_text())
+    s, u = p["Service"], p["Unit"]
+    assert s["Type"] == "notify" and s["NotifyAccess"] == "main"
+    assert s["WatchdogSec"] == "30" and s["Restart"] == "on-failure"
+    assert s["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    assert (s["MemoryHigh"], s["MemoryMax"], s["OOMPolicy"]) == ("3584M", "4G", "stop")
+    assert s["DevicePolicy"] == "closed" and s["User"] == "edged"
+    assert u["OnFailure"] == "edged-rollback.service" and u["StartLimitBurst"] == "5"
+    text = (UNITS / "edged.service").read_text()
+    for forbidden in ("MemoryDenyWriteExecute=", "PrivateDevices="):  # they break CUDA
+        assert not re.search(rf"^{forbidden}", text, re.M)
+    for dropin in (UNITS / "devices").glob("*.conf"):
+        for line in dropin.read_text().splitlines():
+            if line.startswith("DeviceAllow="):
+                assert "*" not in line, f"{dropin.name}: DeviceAllow= takes no globs"
