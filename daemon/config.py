@@ -228,7 +228,7 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None 
         cfg = Config.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(f"{path}: " + "; ".join(_describe(e) for e in exc.errors())) from exc
-    return _resolve_paths(cfg, path.parent)
+    return _resolve_paths(cfg, path, environ)
 
 
 def _describe(err: Mapping[str, Any]) -> str:
@@ -272,11 +272,25 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str], path: Path) -> N
                 raise ConfigError(f"{path}: environment variable {name}: {key!r} is not a section")
 
 
-def _resolve_paths(cfg: Config, base: Path) -> Config:
+_VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")
+
+
+def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Config:
+    """Paths: ~ and $VARIABLES expanded (``${CREDENTIALS_DIRECTORY}/mqtt_password`` under systemd's
+    LoadCredential=), then taken relative to the config file's folder."""
+
+    base = path.parent
+
     def fix(p: Path | None) -> Path | None:
         if p is None:
             return None
-        p = p.expanduser()
+        expanded = _VAR.sub(lambda m: environ.get(m.group(1) or m.group(2), m.group(0)), str(p))
+        if "$" in expanded:
+            raise ConfigError(
+                f"{path}: path {str(p)!r} names an environment variable that is not set "
+                "(CREDENTIALS_DIRECTORY is set only under systemd with LoadCredential=)"
+            )
+        p = Path(expanded).expanduser()
         return p if p.is_absolute() else (base / p)
 
     mqtt = cfg.mqtt

@@ -194,6 +194,23 @@ def _parser() -> argparse.ArgumentParser:
     kg.add_argument("--dir", type=Path, required=True, help="where to write the pair")
     kg.add_argument("--name", help="file name instead of the key id")
 
+    bundle = sub.add_parser("bundle", help="deploy bundles: one file to install on devices or into a rootfs")
+    bsub = bundle.add_subparsers(dest="bundle_verb", metavar="BUNDLE_VERB", required=True)
+    bb = bsub.add_parser(
+        "build",
+        help="build a deploy bundle for a target",
+        description="Wheels for the target, the systemd units, sysusers/tmpfiles, a default config, the "
+        "pinned public keys, the initial model package(s), install.sh, and a manifest with every file's "
+        "sha256 (signed with --key). On the device: tar xf BUNDLE && sudo edged-bundle/install.sh "
+        "(or --root ROOTFS before flashing).",
+    )
+    bb.add_argument("--target", choices=("host", "jetson-jp6", "jetson-jp5"), required=True)
+    bb.add_argument("--keys", type=Path, required=True, help="folder of *.pub keys devices will trust")
+    bb.add_argument("--model", type=Path, action="append", default=[], help="initial model package tar (repeatable)")
+    bb.add_argument("--key", type=Path, help="private key to sign the bundle manifest with")
+    bb.add_argument("--wheelhouse", type=Path, help="extra wheels (e.g. a prebuilt aarch64 pycuda)")
+    bb.add_argument("--out", type=Path, default=Path("."), help="output folder (default: here)")
+
     model = sub.add_parser(
         "model", help="model packages: pack, sign, verify; the device store: install, list, rollback"
     )
@@ -273,6 +290,21 @@ def main(argv: list[str] | None = None) -> int:
             from edged import model_cli
 
             return model_cli.run(args)
+        if args.verb == "bundle":
+            from edged.deploy.bundle import build_bundle
+            from edged.models.signing import load_signing_key
+
+            built = build_bundle(
+                args.out,
+                args.target,
+                args.keys,
+                args.model,
+                load_signing_key(args.key) if args.key else None,
+                args.wheelhouse,
+                progress=lambda m: print(f"bundle: {m}", file=sys.stderr, flush=True),
+            )
+            print(f"bundle: {built.path}: {built.files} files, {len(built.wheels)} wheels for {built.target}")
+            return 0
         if args.verb == "keys":
             from edged.models.signing import generate_key
 

@@ -104,3 +104,11 @@ def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
     run = edged_cli("check-config", "-c", str(bad))
     assert run.returncode == 1
     assert "bad.yaml: inference.max_wait: unknown key" in run.stderr
+
+
+def test_paths_take_environment_variables_such_as_systemd_credentials(tmp_path: Path) -> None:
+    doc = {**MINIMAL, "mqtt": {"username": "cam", "password_file": "${CREDENTIALS_DIRECTORY}/mqtt_password"}}
+    cfg = load_config(write_config(tmp_path / "c.yaml", doc), environ={"CREDENTIALS_DIRECTORY": "/run/credentials/e"})
+    assert cfg.mqtt.password_file == Path("/run/credentials/e/mqtt_password")
+    with pytest.raises(ConfigError, match=r"CREDENTIALS_DIRECTORY.*not set|not set.*CREDENTIALS_DIRECTORY"):
+        load_config(tmp_path / "c.yaml", environ={})

@@ -1,0 +1,223 @@
+"""``edged bundle build``: one file to copy onto a device, or to lay into a rootfs before flashing.
+
+    edged-bundle-<version>-<target>.tar
+      bundle.json  bundle.sig   manifest (schema edged.bundle/1: target, Python, every file's sha256),
+                                signed like model packages
+      SHA256SUMS                the same hashes for `sha256sum -c` (install.sh checks them first)
+      install.sh  firstboot.sh  the installer (see install.sh --help)
+      wheels/                   edged and its dependencies for the target's Python and CPU
+      requirements.txt          what install.sh installs from wheels/
+      systemd/                  the units, the per-L4T device drop-ins, sysusers.d, tmpfiles.d
+      config/edged.yaml         the default device config (kept on upgrades)
+      keys/*.pub                the public keys devices trust for model packages
+      models/*.tar              the initial model package(s), signed
+
+Targets: ``host`` (this machine's Python and CPU), ``jetson-jp6`` (aarch64, CPython 3.10: JetPack 6
+is Ubuntu 22.04; OpenCV and TensorRT come from JetPack through the venv's system site-packages, so
+opencv-python-headless is left out; pycuda is built on the device or taken from ``--wheelhouse``).
+``jetson-jp5`` is refused: JetPack 5 ships Python 3.8 and edged needs 3.10.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from edged import __version__
+from edged.errors import EdgedError
+from edged.models.package import open_package
+from edged.models.signing import SigningKey
+
+Target = Literal["host", "jetson-jp6", "jetson-jp5"]
+REPO = Path(__file__).resolve().parent.parent
+# What the device installs; opencv comes from JetPack on Jetson (GStreamer for CSI cameras).
+JETSON_SKIP = {"opencv-python-headless"}
+JETSON_PLATFORMS = ("manylinux2014_aarch64", "manylinux_2_28_aarch64", "manylinux_2_17_aarch64")
+
+
+class BundleError(EdgedError):
+    code = "bundle_failed"
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path
+    target: str
+    files: int
+    wheels: list[str]
+
+
+def requirements(target: Target) -> list[str]:
+    """The runtime dependencies from pyproject.toml, minus what the target's OS provides."""
+    text = (REPO / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M)
+    if block is None:
+        raise BundleError("pyproject.toml: no dependencies list")
+    reqs = re.findall(r'^\s*"([^"]+)"', block.group(1), re.M)
+    if target.startswith("jetson"):
+        reqs = [r for r in reqs if re.split(r"[<>=!~ \[]", r)[0] not in JETSON_SKIP]
+    return reqs
+
+
+def build_bundle(
+    out_dir: Path,
+    target: Target,
+    keys_dir: Path,
+    models: list[Path],
+    signing_key: SigningKey | None = None,
+    wheelhouse: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Bundle:
+    say = progress or (lambda m: None)
+    if target == "jetson-jp5":
+        raise BundleError(
+            "jetson-jp5: JetPack 5 ships Python 3.8 (Ubuntu 20.04) and edged needs Python >= 3.10; "
+            "use JetPack 6 (--target jetson-jp6), or a device Python 3.10 and --target host on the device"
+        )
+    pubs = sorted(keys_dir.glob("*.pub")) if keys_dir.is_dir() else []
+    if not pubs:
+        raise BundleError(f"{keys_dir}: no *.pub keys; devices would trust no model package (edged keys generate)")
+    with tempfile.TemporaryDirectory(prefix="edged-bundle-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        names = [open_package(m, scratch=tmp).manifest.name for m in models]  # sizes and hashes first
+        root = tmp / "bundle"
+        wheels = root / "wheels"
+        wheels.mkdir(parents=True)
+        reqs = requirements(target)
+        (root / "requirements.txt").write_text("\n".join(reqs) + "\n")
+        _wheels(target, reqs, wheels, wheelhouse, say)
+        for rel in (
+            "edged.service",
+            "edged-rollback.service",
+            "edged-firstboot.service",
+            "sysusers.d/edged.conf",
+            "tmpfiles.d/edged.conf",
+            "devices/l4t-r35.conf",
+            "devices/l4t-r36.conf",
+        ):
+            dst = root / "systemd" / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(REPO / "systemd" / rel, dst)
+        for name in ("install.sh", "firstboot.sh"):
+            data = resources.files("edged.deploy").joinpath(name).read_bytes()
+            (root / name).write_bytes(data)
+            (root / name).chmod(0o755)
+        (root / "config").mkdir()
+        config = resources.files("edged.deploy").joinpath("edged.yaml").read_text()
+        if names:
+            config = config.replace("name: MODEL-NAME", f"name: {names[0]}")
+        (root / "config" / "edged.yaml").write_text(config)
+        (root / "keys").mkdir()
+        for p in pubs:
+            shutil.copy(p, root / "keys" / p.name)
+        (root / "models").mkdir()
+        for m in models:
+            shutil.copy(m, root / "models" / m.name)
+        files = {
+            str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": _sha(p)}
+            for p in sorted(root.rglob("*"))
+            if p.is_file()
+        }
+        py = "cp310" if target == "jetson-jp6" else f"cp{sys.version_info.major}{sys.version_info.minor}"
+        doc = {
+            "schema": "edged.bundle/1",
+            "edged": __version__,
+            "target": target,
+            "python": py,
+            "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "files": files,
+        }
+        manifest = (json.dumps(doc, indent=2) + "\n").encode()
+        (root / "bundle.json").write_bytes(manifest)
+        (root / "SHA256SUMS").write_text("".join(f"{v['sha256']}  {k}\n" for k, v in files.items()))
+        if signing_key is not None:
+            (root / "bundle.sig").write_bytes(signing_key.sign(manifest))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        out = out_dir / f"edged-bundle-{__version__}-{target}.tar"
+        part = out.with_name(out.name + ".partial")
+        with tarfile.open(part, "w") as tar:
+            for p in sorted(root.rglob("*")):
+                info = tar.gettarinfo(str(p), arcname=f"edged-bundle/{p.relative_to(root)}")
+                info.uid = info.gid = 0
+                info.uname = info.gname = "root"
+                if p.is_file():
+                    with p.open("rb") as f:
+                        tar.addfile(info, f)
+                else:
+                    tar.addfile(info)
+        part.replace(out)
+        say(f"wrote {out} ({out.stat().st_size >> 20} MiB, {len(files)} files)")
+        return Bundle(out, target, len(files), sorted(p.name for p in wheels.iterdir()))
+
+
+def _wheels(target: Target, reqs: list[str], dest: Path, wheelhouse: Path | None, say: Callable[[str], None]) -> None:
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    extra = ["--find-links", str(wheelhouse)] if wheelhouse else []
+    say("building the edged wheel")
+    _run([*pip, "wheel", "--no-deps", "-q", "-w", str(dest), str(REPO)])
+    if target == "host":
+        say(f"collecting wheels for this machine's Python {sys.version_info.major}.{sys.version_info.minor}")
+        _run([*pip, "wheel", "-q", "-w", str(dest), *extra, *reqs])
+        return
+    say("downloading aarch64 / CPython 3.10 wheels for JetPack 6")
+    plats = [a for p in JETSON_PLATFORMS for a in ("--platform", p)]
+    _run(
+        [
+            *pip,
+            "download",
+            "-q",
+            "--only-binary=:all:",
+            *plats,
+            "--python-version",
+            "3.10",
+            "--implementation",
+            "cp",
+            "--abi",
+            "cp310",
+            "--abi",
+            "abi3",
+            "--abi",
+            "none",
+            "-d",
+            str(dest),
+            *extra,
+            *reqs,
+        ]
+    )
+
+
+def _run(cmd: list[str]) -> None:
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800)
+    except subprocess.CalledProcessError as exc:
+        raise BundleError(f"`{' '.join(cmd[2:6])} ...` failed: {exc.stderr.strip()[-800:]}") from exc
+
+
+def _sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_manifest(bundle: Path) -> dict[str, object]:
+    with tarfile.open(bundle) as tar:
+        f = tar.extractfile("edged-bundle/bundle.json")
+        if f is None:
+            raise BundleError(f"{bundle}: no bundle.json")
+        doc: dict[str, object] = json.load(io.TextIOWrapper(f))
+        return doc

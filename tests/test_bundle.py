@@ -1,0 +1,131 @@
+"""edged bundle build: the host and Jetson bundles as files (what they hold, that the hashes and the
+signature hold), and install.sh --root laying one into a rootfs without running anything there.
+(tests/test_nspawn.py installs the host bundle onto a running systemd.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from edged.models.signing import TrustStore, generate_key
+from tests.conftest import edged_cli
+from tests.sysfs_fixtures import L4T_R36_4_0
+
+
+@pytest.fixture(scope="module")
+def jetson_bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from edged.models.demo import fetch_demo
+
+    tmp = tmp_path_factory.mktemp("bundle")
+    key, _ = generate_key(tmp / "keys")
+    demo = fetch_demo()
+    r = edged_cli(
+        "model", "pack", str(demo.packages["blazeface-back"].root), "--out", str(tmp / "faces-1.tar"), "--key", str(key)
+    )
+    assert r.returncode == 0, r.stderr
+    r = edged_cli(
+        "bundle",
+        "build",
+        "--target",
+        "jetson-jp6",
+        "--keys",
+        str(tmp / "keys"),
+        "--model",
+        str(tmp / "faces-1.tar"),
+        "--key",
+        str(key),
+        "--out",
+        str(tmp / "out"),
+        timeout=1200,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return next((tmp / "out").glob("*.tar")), tmp / "keys"
+
+
+def test_jetson_bundle_has_aarch64_cp310_wheels_and_no_pip_opencv(jetson_bundle: tuple[Path, Path]) -> None:
+    bundle, _ = jetson_bundle
+    with tarfile.open(bundle) as tar:
+        names = tar.getnames()
+        manifest = json.load(tar.extractfile("edged-bundle/bundle.json"))  # type: ignore[arg-type]
+    wheels = [Path(n).name for n in names if n.startswith("edged-bundle/wheels/") and n.endswith(".whl")]
+    assert manifest["target"] == "jetson-jp6" and manifest["python"] == "cp310"
+    compiled = [w for w in wheels if not w.endswith("-none-any.whl")]
+    assert {"numpy", "onnxruntime", "pydantic_core", "cryptography", "pyyaml"} <= {w.split("-")[0] for w in wheels}
+    for w in compiled:
+        assert "aarch64" in w and ("-cp310-" in w or "-abi3-" in w), w
+    assert not [w for w in wheels if w.startswith("opencv")]  # JetPack's OpenCV (GStreamer) is used
+    for part in (
+        "install.sh",
+        "firstboot.sh",
+        "systemd/edged.service",
+        "systemd/devices/l4t-r36.conf",
+        "config/edged.yaml",
+        "models/faces-1.tar",
+        "SHA256SUMS",
+        "bundle.sig",
+    ):
+        assert f"edged-bundle/{part}" in names, part
+
+
+def test_bundle_manifest_hashes_and_signature(jetson_bundle: tuple[Path, Path], tmp_path: Path) -> None:
+    bundle, keys = jetson_bundle
+    with tarfile.open(bundle) as tar:
+        tar.extractall(tmp_path, filter="data")
+    root = tmp_path / "edged-bundle"
+    manifest_bytes = (root / "bundle.json").read_bytes()
+    TrustStore.load(keys).verify(manifest_bytes, (root / "bundle.sig").read_bytes(), str(bundle))
+    import hashlib
+
+    for rel, entry in json.loads(manifest_bytes)["files"].items():
+        assert hashlib.sha256((root / rel).read_bytes()).hexdigest() == entry["sha256"], rel
+
+
+def test_jp5_is_refused_with_the_reason(tmp_path: Path) -> None:
+    generate_key(tmp_path / "keys")
+    r = edged_cli("bundle", "build", "--target", "jetson-jp5", "--keys", str(tmp_path / "keys"))
+    assert r.returncode == 1 and "JetPack 5 ships Python 3.8" in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="install.sh runs as root")
+def test_install_root_lays_the_bundle_into_a_rootfs(jetson_bundle: tuple[Path, Path], tmp_path: Path) -> None:
+    bundle, _ = jetson_bundle
+    with tarfile.open(bundle) as tar:
+        tar.extractall(tmp_path / "b", filter="data")
+    install = tmp_path / "b/edged-bundle/install.sh"
+    rootfs = tmp_path / "Linux_for_Tegra/rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "etc/nv_tegra_release").write_text(L4T_R36_4_0 + "\n")
+    r = subprocess.run(["bash", str(install), "--root", str(rootfs)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    etc = rootfs / "etc"
+    assert (etc / "systemd/system/edged.service").is_file()
+    assert (etc / "systemd/system/edged.service.d/devices.conf").read_text().count("/dev/nvgpu/igpu0/") > 5
+    wants = etc / "systemd/system/multi-user.target.wants"
+    assert os.readlink(wants / "edged.service") == "/etc/systemd/system/edged.service"
+    assert os.readlink(wants / "edged-firstboot.service") == "/etc/systemd/system/edged-firstboot.service"
+    assert "device_id: FIRSTBOOT-HOSTNAME" in (etc / "edged/edged.yaml").read_text()
+    assert list((etc / "edged/keys").glob("*.pub"))
+    assert (rootfs / "usr/lib/sysusers.d/edged.conf").is_file()
+    assert len(list((rootfs / "opt/edged/wheels").glob("*aarch64*.whl"))) >= 5
+    assert not (rootfs / "opt/edged/venv").exists()  # nothing was run for the target
+    # an upgrade keeps the device's config
+    (etc / "edged/edged.yaml").write_text((etc / "edged/edged.yaml").read_text() + "# edited on the device\n")
+    r = subprocess.run(["bash", str(install), "--root", str(rootfs)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "kept" in r.stdout
+    assert "# edited on the device" in (etc / "edged/edged.yaml").read_text()
+    # a corrupted bundle is refused before anything is written
+    (tmp_path / "b/edged-bundle/systemd/edged.service").write_text("[Service]\nExecStart=/bin/evil\n")
+    r = subprocess.run(["bash", str(install), "--root", str(tmp_path / "other")], capture_output=True, text=True)
+    assert r.returncode == 1 and "corrupt" in r.stderr and not (tmp_path / "other").exists()
+    # --uninstall removes what it installed, and nothing else
+    (rootfs / "etc/hostname").write_text("keep-me\n")
+    r = subprocess.run(["bash", str(install), "--root", str(rootfs), "--uninstall"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert not (etc / "systemd/system/edged.service").exists() and not (rootfs / "opt/edged").exists()
+    assert not (wants / "edged.service").exists() and not (rootfs / "usr/lib/sysusers.d/edged.conf").exists()
+    assert (etc / "edged/edged.yaml").is_file() and (rootfs / "etc/hostname").read_text() == "keep-me\n"
