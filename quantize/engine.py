@@ -17,13 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edged.daemon.trt import Precision, build_engine
-from edged.errors import PackageError, QuantizeError
+from edged.errors import QuantizeError
 from edged.models.compat import l4t_release
 from edged.models.package import Package, publish_package, sha256_file
 
 from .frames import read_frames
 from .int8 import calibration_batches
-from .tool import load_source
+from .tool import ensure_empty, load_source
 
 
 def build_engine_package(
@@ -40,14 +40,10 @@ def build_engine_package(
     calib_frames: int = 64,
     progress: Callable[[str], None] | None = None,
 ) -> Package:
-    if out.exists() and any(out.iterdir()):
-        raise QuantizeError(f"{out}: exists and is not empty; choose another --out or remove it")
+    ensure_empty(out)
     with tempfile.TemporaryDirectory(prefix="edged-engine-") as tmp_dir:
         tmp = Path(tmp_dir)
-        try:
-            src = load_source(model, spec, tmp)
-        except PackageError as exc:
-            raise QuantizeError(str(exc), code=exc.code) from exc
+        src = load_source(model, spec, tmp)
         m = src.manifest
         chosen: Precision = precision or ("int8" if m.precision == "int8" else "fp16")
         batches = None

@@ -44,8 +44,20 @@ class Outcome:
     float_nodes: list[str]
 
 
+def ensure_empty(out: Path) -> None:
+    if out.exists() and any(out.iterdir()):
+        raise QuantizeError(f"{out}: exists and is not empty; choose another --out or remove it")
+
+
 def load_source(model: Path, spec: Path | None, scratch: Path) -> Source:
     """The float model and the manifest that says how to feed and decode it."""
+    try:
+        return _load_source(model, spec, scratch)
+    except PackageError as exc:
+        raise QuantizeError(str(exc), code=exc.code) from exc
+
+
+def _load_source(model: Path, spec: Path | None, scratch: Path) -> Source:
     if model.suffix != ".onnx":
         if spec is not None:
             raise QuantizeError(f"{model}: --spec goes with an .onnx file; a package brings its own manifest")
@@ -94,14 +106,10 @@ def quantize(
     progress: Callable[[str], None] | None = None,
 ) -> Outcome:
     say = progress or (lambda m: logger.info("%s", m))
-    if out.exists() and any(out.iterdir()):
-        raise QuantizeError(f"{out}: exists and is not empty; choose another --out or remove it")
+    ensure_empty(out)
     with tempfile.TemporaryDirectory(prefix="edged-quantize-") as tmp_dir:
         tmp = Path(tmp_dir)
-        try:
-            src = load_source(model, spec, tmp)
-        except PackageError as exc:
-            raise QuantizeError(str(exc), code=exc.code) from exc
+        src = load_source(model, spec, tmp)
         m = src.manifest
         if m.precision != "fp32":
             raise QuantizeError(f"{model}: already {m.precision}; quantize starts from the float model")
