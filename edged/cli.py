@@ -25,6 +25,10 @@ examples:
   edged quantize PKG --calib calib.mp4 --eval eval.mp4 --out PKG-int8
                                             INT8 with an accuracy report and gate
   edged build-engine PKG-int8 --out PKG-trt  TensorRT engine package (on the target device)
+  edged keys generate --dir keys            signing keys; then: edged model pack PKG --out P.tar --key K
+  edged model install P.tar -c /etc/edged/edged.yaml   verify and install into the device's store
+  edged bundle build --target jetson-jp6 --keys keys --model P.tar --out dist
+                                            a deploy bundle: tar xf it, then sudo edged-bundle/install.sh
 
 configuration keys can be overridden per device with EDGED_<SECTION>__<KEY>, e.g.
   EDGED_DEVICE_ID=orin-07 EDGED_MQTT__PORT=8883 EDGED_CAMERAS__0__URI=rtsp://cam/1 edged run -c edged.yaml
@@ -212,7 +216,7 @@ def _parser() -> argparse.ArgumentParser:
     bb.add_argument("--out", type=Path, default=Path("."), help="output folder (default: here)")
 
     model = sub.add_parser(
-        "model", help="model packages: pack, sign, verify; the device store: install, list, rollback"
+        "model", help="model packages: pack, sign, verify, fetch-demo; the device store: install, list, rollback"
     )
     msub = model.add_subparsers(dest="model_verb", metavar="MODEL_VERB", required=True)
     mp = msub.add_parser(
