@@ -144,4 +144,5 @@ rc=$?
 TEST_PID=
 set -e
 say "test exit status $rc"
+[ "$rc" != 0 ] || rm -f "$LOG"   # keep the console log of a failed run only
 exit $rc
