@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from edged.errors import BackendError, ConfigError, EngineLoadError, PackageError
 from edged.models.package import Package, open_package
+from edged.models.store import Store
 
 from .annotate import draw
 from .backend import Backend, open_backend, tensorrt_unavailable_reason
@@ -119,7 +120,13 @@ class Daemon:
         self.cond = threading.Condition()
         self.started = time.monotonic()
         shutil.rmtree(cfg.state_dir / "staging", ignore_errors=True)  # scratch, wiped at start
+        self.store: Store | None = None
+        if cfg.model.name is not None:
+            self.store = Store(cfg.state_dir, keep=cfg.model.keep_versions)
+            for line in self.store.recover():
+                logger.warning("model store: %s", line)
         self.package = resolve_package(cfg)
+        self._probation_done = False
         m = self.package.manifest
         in_use_mb = _memory_mb().get("rss_mb", 0.0)
         self.backend = backend or _open_model_backend(cfg, self.package)
@@ -142,8 +149,16 @@ class Daemon:
         self.cam_latency = {c.name: Window() for c in cfg.cameras}
         self.spool = Spool(cfg.state_dir / "spool.db", int(cfg.spool.max_mb * 2**20), cfg.spool.max_age_s)
         self.commands = Commands(cfg.topic_root, self._reply)
-        self.publisher = Publisher(cfg.mqtt, cfg.spool, self.spool, cfg.device_id, cfg.topic_root, self.boot_id,
-                                   self._status_extra, on_command=self.commands.on_message)  # fmt: skip
+        self.publisher = Publisher(
+            cfg.mqtt,
+            cfg.spool,
+            self.spool,
+            cfg.device_id,
+            cfg.topic_root,
+            self.boot_id,
+            self._status_extra,
+            on_command=self.commands.on_message,
+        )
         self.last_dets: dict[str, list[dict[str, Any]]] = {}
         self._last_snapshot: dict[str, float] = {}
         self._reload_lock = threading.Lock()
@@ -179,10 +194,14 @@ class Daemon:
     def _cmd_status(self, _: NoArgs) -> dict[str, Any]:
         self.publisher.publish_status("online")
         return {
-            "state": "online", "boot_id": self.boot_id, "model": self.package.ref, "paused": self.throttle.paused,
+            "state": "online",
+            "boot_id": self.boot_id,
+            "model": self.package.ref,
+            "paused": self.throttle.paused,
             "level": self.governor.policy.level.label if self.governor else "off",
-            "cameras": {c.name: c.stats.state for c in self.cameras}, "spool_rows": self.spool.rows,
-        }  # fmt: skip
+            "cameras": {c.name: c.stats.state for c in self.cameras},
+            "spool_rows": self.spool.rows,
+        }
 
     def _cmd_pause(self, pause: bool) -> dict[str, Any]:
         self.throttle.user_paused = pause
@@ -192,8 +211,9 @@ class Daemon:
     def _cmd_snapshot(self, args: SnapshotArgs) -> dict[str, Any]:
         cam = next((c for c in self.cameras if c.name == args.camera), None)
         if cam is None:
-            raise CommandError("unknown_camera", f"no camera {args.camera!r}; cameras: "
-                               f"{', '.join(c.name for c in self.cameras)}")  # fmt: skip
+            raise CommandError(
+                "unknown_camera", f"no camera {args.camera!r}; cameras: {', '.join(c.name for c in self.cameras)}"
+            )
         now = time.monotonic()
         if now - self._last_snapshot.get(cam.name, -1e9) < SNAPSHOT_MIN_INTERVAL_S:
             raise CommandError("rate_limited", f"at most one snapshot of a camera every {SNAPSHOT_MIN_INTERVAL_S:g} s")
@@ -403,6 +423,7 @@ class Daemon:
                     break
                 if not self.publisher.network_alive():
                     self.publisher.restart_network()
+                self._check_probation(now)
                 if now >= next_tel:
                     self.publisher.publish_json("telemetry", self.telemetry(), qos=0, retain=True)
                     notify(f"STATUS={self.status_line()}")
@@ -417,6 +438,28 @@ class Daemon:
             time.monotonic() - self.started,
             self.stop_reason,
         )
+
+    def _check_probation(self, now: float) -> None:
+        """Commit a store version on probation once it has run long enough without inference errors.
+        Until then a crash loop rolls it back (edged-rollback.service); after, it is the known-good one."""
+        if self.store is None or self._probation_done:
+            return
+        m = self.package.manifest
+        if self.store.state(m.name).pending != m.version:
+            self._probation_done = True
+            return
+        p, st = self.cfg.model, self.loop.stats
+        if now - self.started < p.probation_s or st.batches < p.probation_batches or st.errors:
+            return
+        self.store.commit(m.name)
+        self._probation_done = True
+        logger.info(
+            "model %s passed probation (%d batches, %.0f s, no errors): committed",
+            self.package.ref,
+            st.batches,
+            now - self.started,
+        )
+        self._event({"type": "model_committed", "model": {"name": m.name, "version": m.version}})
 
     def _health(self, now: float, stall_s: float) -> tuple[bool, str]:
         """The watchdog's question: are the inference loop and the MQTT network thread making progress?"""

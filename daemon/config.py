@@ -85,6 +85,8 @@ class ModelConfig(_Strict):
     onnxruntime: OnnxRuntimeConfig = OnnxRuntimeConfig()
     keys_dir: Path = Path("/etc/edged/keys")  # the public keys (*.pub) whose signatures this device accepts
     keep_versions: int = Field(3, ge=2, le=20)  # model versions kept in the store (current and previous always)
+    probation_s: float = Field(300.0, ge=0)  # a newly installed version is committed after this long ...
+    probation_batches: int = Field(500, ge=0)  # ... and this many batches, with no inference errors
     build_on_device: bool = False  # ONNX package + TensorRT here: build an engine once, cache it, run it
     build_precision: Literal["fp16", "int8", "fp32"] | None = None  # default: int8 for QDQ models, else fp16
 

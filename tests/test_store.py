@@ -378,3 +378,32 @@ def test_rollback_if_probation_acts_once_per_version(demo: DemoAssets, tmp_path:
     r = edged_cli("model", "rollback", "--if-probation", "-c", str(cfg))
     assert r.returncode == 1 and "not on probation; nothing rolled back" in r.stderr
     assert _assert_consistent(tmp_path / "state", {1}) == 1
+
+
+def test_daemon_commits_a_version_after_its_probation(
+    demo: DemoAssets, tmp_path: Path, keys, broker, subscribe, start_daemon
+) -> None:
+    from tests.conftest import base_config, wait_until, write_config
+
+    key, _ = keys
+    cfg = device_config(tmp_path)
+    for v in (1, 2):
+        assert edged_cli("model", "install", str(make_package(demo, tmp_path, key, v)), "-c", str(cfg)).returncode == 0
+    sub = subscribe(broker, "edged/#")
+    cams = [{"name": "lobby", "uri": f"file://{demo.video}", "loop": True}]
+    doc = base_config(broker, demo, tmp_path, cams)
+    doc["model"] = {
+        "name": "blazeface-back",
+        "keys_dir": str(tmp_path / "trusted"),
+        "probation_s": 2,
+        "probation_batches": 5,
+        "onnxruntime": {"threads": 1},
+    }
+    d = start_daemon(write_config(tmp_path / "run.yaml", doc))
+    wait_until(lambda: any(m.json().get("type") == "model_committed" for m in sub.on("events")), 30, "commit event")
+    d.stop()
+    state = json.loads((tmp_path / "state/models/blazeface-back/state.json").read_text())
+    assert state["pending"] is None and state["bad"] == []
+    assert all(r["model"] == {"name": "blazeface-back", "version": 2} for r in sub.results())
+    r = edged_cli("model", "rollback", "--if-probation", "-c", str(cfg))  # committed: nothing to blame
+    assert r.returncode == 1 and "not on probation" in r.stderr
