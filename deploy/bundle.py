@@ -221,3 +221,48 @@ def read_manifest(bundle: Path) -> dict[str, object]:
             raise BundleError(f"{bundle}: no bundle.json")
         doc: dict[str, object] = json.load(io.TextIOWrapper(f))
         return doc
+
+
+def verify_bundle(bundle: Path, keys_dir: Path) -> dict[str, object]:
+    """Check a bundle before flashing or copying it: bundle.sig by one of `keys_dir`'s keys over the
+    exact bundle.json bytes, then every file's size and sha256 against bundle.json, and nothing else
+    in the tar. Returns the manifest."""
+    from edged.errors import PackageError
+    from edged.models.signing import TrustStore
+
+    trust = TrustStore.load(keys_dir)
+    prefix = "edged-bundle/"
+    try:
+        with tarfile.open(bundle) as tar:
+            members = {m.name: m for m in tar.getmembers() if m.isfile()}
+
+            def read(name: str) -> bytes:
+                member = members.get(prefix + name)
+                f = tar.extractfile(member) if member else None
+                if f is None:
+                    raise BundleError(f"{bundle}: no {name}")
+                return f.read()
+
+            manifest_bytes = read("bundle.json")
+            try:
+                trust.verify(manifest_bytes, read("bundle.sig"), str(bundle))
+            except PackageError as exc:
+                raise BundleError(str(exc), code=exc.code) from exc
+            doc: dict[str, object] = json.loads(manifest_bytes)
+            files = doc["files"]
+            if not isinstance(files, dict):
+                raise BundleError(f"{bundle}: bundle.json has no file list")
+            for rel, entry in files.items():
+                data = read(rel)
+                if len(data) != entry["size"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+                    raise BundleError(f"{bundle}: {rel} does not match bundle.json (corrupt or altered)")
+            extra = (
+                set(members)
+                - {prefix + r for r in files}
+                - {prefix + n for n in ("bundle.json", "bundle.sig", "SHA256SUMS")}
+            )
+            if extra:
+                raise BundleError(f"{bundle}: files not in bundle.json: {', '.join(sorted(extra))}")
+    except (tarfile.TarError, OSError, ValueError, KeyError) as exc:
+        raise BundleError(f"{bundle}: not a readable bundle: {exc}") from exc
+    return doc

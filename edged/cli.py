@@ -214,6 +214,14 @@ def _parser() -> argparse.ArgumentParser:
     bb.add_argument("--key", type=Path, help="private key to sign the bundle manifest with")
     bb.add_argument("--wheelhouse", type=Path, help="extra wheels (e.g. a prebuilt aarch64 pycuda)")
     bb.add_argument("--out", type=Path, default=Path("."), help="output folder (default: here)")
+    bv = bsub.add_parser(
+        "verify",
+        help="check a bundle's signature and every file before flashing or copying it",
+        description="bundle.sig by one of --keys over the exact bundle.json, then every file's size and "
+        "sha256, and nothing in the tar that bundle.json does not list. Exit 0 good, 1 not.",
+    )
+    bv.add_argument("bundle", type=Path)
+    bv.add_argument("--keys", type=Path, required=True, help="folder of trusted *.pub keys")
 
     model = sub.add_parser(
         "model", help="model packages: pack, sign, verify, fetch-demo; the device store: install, list, rollback"
@@ -294,6 +302,14 @@ def main(argv: list[str] | None = None) -> int:
             from edged import model_cli
 
             return model_cli.run(args)
+        if args.verb == "bundle" and args.bundle_verb == "verify":
+            from edged.deploy.bundle import verify_bundle
+
+            doc = verify_bundle(args.bundle, args.keys)
+            files = doc["files"]
+            count = len(files) if isinstance(files, dict) else 0
+            print(f"bundle: {args.bundle}: signature and {count} files good (target {doc['target']})")
+            return 0
         if args.verb == "bundle":
             from edged.deploy.bundle import build_bundle
             from edged.models.signing import load_signing_key

