@@ -126,8 +126,9 @@ class Daemon:
             for line in self.store.recover():
                 logger.warning("model store: %s", line)
         self.package = resolve_package(cfg)
-        self._probation_done = False
         m = self.package.manifest
+        # read once: the main loop then checks clocks and counters, not state.json four times a second
+        self._on_probation = self.store is not None and self.store.state(m.name).pending == m.version
         in_use_mb = _memory_mb().get("rss_mb", 0.0)
         self.backend = backend or _open_model_backend(cfg, self.package)
         try:
@@ -442,17 +443,16 @@ class Daemon:
     def _check_probation(self, now: float) -> None:
         """Commit a store version on probation once it has run long enough without inference errors.
         Until then a crash loop rolls it back (edged-rollback.service); after, it is the known-good one."""
-        if self.store is None or self._probation_done:
+        if self.store is None or not self._on_probation:
             return
         m = self.package.manifest
-        if self.store.state(m.name).pending != m.version:
-            self._probation_done = True
-            return
         p, st = self.cfg.model, self.loop.stats
         if now - self.started < p.probation_s or st.batches < p.probation_batches or st.errors:
             return
+        self._on_probation = False
+        if self.store.state(m.name).pending != m.version:  # installed over or rolled back meanwhile
+            return
         self.store.commit(m.name)
-        self._probation_done = True
         logger.info(
             "model %s passed probation (%d batches, %.0f s, no errors): committed",
             self.package.ref,

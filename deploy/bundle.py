@@ -61,14 +61,15 @@ class Bundle:
 
 
 def requirements(target: Target) -> list[str]:
-    """The runtime dependencies from pyproject.toml, minus what the target's OS provides."""
-    text = (REPO / "pyproject.toml").read_text()
-    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M)
-    if block is None:
-        raise BundleError("pyproject.toml: no dependencies list")
-    reqs = re.findall(r'^\s*"([^"]+)"', block.group(1), re.M)
+    """edged's runtime dependencies (from its installed metadata), minus what the target's OS provides."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        reqs = [r for r in requires("edged") or [] if "extra ==" not in r]
+    except PackageNotFoundError as exc:
+        raise BundleError("edged is not installed (pip install -e .), so its dependencies are unknown") from exc
     if target.startswith("jetson"):
-        reqs = [r for r in reqs if re.split(r"[<>=!~ \[]", r)[0] not in JETSON_SKIP]
+        reqs = [r for r in reqs if re.split(r"[<>=!~ ;\[]", r)[0] not in JETSON_SKIP]
     return reqs
 
 
@@ -164,6 +165,10 @@ def build_bundle(
 
 
 def _wheels(target: Target, reqs: list[str], dest: Path, wheelhouse: Path | None, say: Callable[[str], None]) -> None:
+    if not (REPO / "pyproject.toml").is_file():
+        raise BundleError(
+            f"{REPO}: not an edged source checkout; bundles are built from one (git clone, pip install -e .)"
+        )
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     extra = ["--find-links", str(wheelhouse)] if wheelhouse else []
     say("building the edged wheel")
