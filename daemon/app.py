@@ -27,7 +27,7 @@ import numpy as np
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel, ConfigDict
 
-from edged.errors import BackendError, ConfigError, EngineLoadError, PackageError
+from edged.errors import BackendError, ConfigError, EdgedError, PackageError, SwapError
 from edged.models.package import Package, open_package
 from edged.models.store import Store
 
@@ -38,18 +38,20 @@ from .commands import CommandError, Commands, NoArgs
 from .config import Config, load_config
 from .decoders import DecodeOptions, build_decoder
 from .governor import Governor, admit
-from .inference import InferenceLoop, Result, Window
+from .inference import ActiveModel, InferenceLoop, Result, Window
+from .ota import MAX_OFFER_BYTES, OfferArgs, OtaReceiver
 from .preprocess import Preprocessor
 from .publish import Publisher, iso
 from .sensors import Sensors
 from .spool import Spool
+from .swap import ModelManager, check_io
 from .systemd import Watchdog, monotonic_usec, notify, set_log_model
 
 logger = logging.getLogger(__name__)
 
 TELEMETRY_SCHEMA = "edged.telemetry/1"
 SNAPSHOT_MIN_INTERVAL_S = 2.0
-RESTART_KEYS = ("device_id", "state_dir", "mqtt", "spool", "model", "cameras", "inference")
+RESTART_KEYS = ("device_id", "state_dir", "mqtt", "spool", "model", "cameras", "inference", "ota", "groups")
 
 
 class SnapshotArgs(BaseModel):
@@ -69,22 +71,6 @@ def resolve_package(cfg: Config) -> Package:
     if not current.exists():
         raise PackageError(f"model.name {cfg.model.name!r}: no {current} in the model store", code="not_found")
     return open_package(current)
-
-
-def check_io(pkg: Package, backend: Backend) -> None:
-    spec = pkg.manifest.input
-    by_name = {t.name: t for t in backend.inputs}
-    if spec.name not in by_name:
-        raise EngineLoadError(
-            f"{pkg.model_path}: the manifest's input {spec.name!r} is not a model input "
-            f"(the model has {sorted(by_name)})"
-        )
-    shape = by_name[spec.name].shape
-    if list(shape) != list(spec.shape):
-        raise EngineLoadError(
-            f"{pkg.model_path}: input {spec.name!r} has shape {list(shape)}, the manifest says "
-            f"{spec.shape} (the fixed batch must match)"
-        )
 
 
 def _memory_mb() -> dict[str, float]:
@@ -121,26 +107,27 @@ class Daemon:
         self.started = time.monotonic()
         shutil.rmtree(cfg.state_dir / "staging", ignore_errors=True)  # scratch, wiped at start
         self.store: Store | None = None
+        self._start_events: list[dict[str, Any]] = []  # what happened before the publisher was there
         if cfg.model.name is not None:
             self.store = Store(cfg.state_dir, keep=cfg.model.keep_versions)
             for line in self.store.recover():
                 logger.warning("model store: %s", line)
-        self.package = resolve_package(cfg)
-        m = self.package.manifest
-        # read once: the main loop then checks clocks and counters, not state.json four times a second
-        self._on_probation = self.store is not None and self.store.state(m.name).pending == m.version
+            self._judge_crashes(cfg.model.name)
+        package = resolve_package(cfg)
+        m = package.manifest
         in_use_mb = _memory_mb().get("rss_mb", 0.0)
-        self.backend = backend or _open_model_backend(cfg, self.package)
+        backend = backend or _open_model_backend(cfg, package)
         try:
-            check_io(self.package, self.backend)
-            shapes = {o.name: o.shape for o in self.backend.outputs}
-            self.decoder = build_decoder(m.decoder, m.input, m.labels, shapes)
+            check_io(package, backend)
+            shapes = {o.name: o.shape for o in backend.outputs}
+            decoder = build_decoder(m.decoder, m.input, m.labels, shapes)
             row_mb = int(np.prod(m.input.shape[1:])) * np.dtype(m.input.dtype).itemsize / 2**20
             buffers_mb = row_mb * (3 * len(cfg.cameras) + m.input.batch)
-            admit(self.package.ref, self.backend.memory_bytes / 2**20, buffers_mb, in_use_mb, cfg.memory.budget_mb)
+            admit(package.ref, backend.memory_bytes / 2**20, buffers_mb, in_use_mb, cfg.memory.budget_mb)
         except Exception:
-            self.backend.close()
+            backend.close()
             raise
+        self.backend_name = backend.name
         d = cfg.detection
         self.opts = DecodeOptions(d.score_threshold, d.iou_threshold, d.max_detections, frozenset(d.labels))
         self.throttle = Throttle()
@@ -150,6 +137,27 @@ class Daemon:
         self.cam_latency = {c.name: Window() for c in cfg.cameras}
         self.spool = Spool(cfg.state_dir / "spool.db", int(cfg.spool.max_mb * 2**20), cfg.spool.max_age_s)
         self.commands = Commands(cfg.topic_root, self._reply)
+        self.loop = InferenceLoop(
+            self.cameras,
+            ActiveModel(backend, decoder, m.name, m.version),
+            m.input,
+            self.opts,
+            cfg.inference.max_wait_ms / 1000.0,
+            self._on_result,
+            self.cond,
+            self.stop_event,
+        )
+        self.models = ModelManager(
+            cfg,
+            self.store,
+            self.loop,
+            package,
+            self.boot_id,
+            lambda pkg: _open_model_backend(self.cfg, pkg),
+            self._event,
+            lambda doc: self.publisher.set_retained("model/state", doc),
+            lambda: _memory_mb().get("rss_mb", 0.0),
+        )
         self.publisher = Publisher(
             cfg.mqtt,
             cfg.spool,
@@ -168,18 +176,20 @@ class Daemon:
         self.commands.register("reload", NoArgs, lambda _: self.reload(), idempotent=False)
         self.commands.register("pause", NoArgs, lambda _: self._cmd_pause(True), idempotent=True)
         self.commands.register("resume", NoArgs, lambda _: self._cmd_pause(False), idempotent=True)
-        self.loop = InferenceLoop(
-            self.cameras,
-            self.backend,
-            self.decoder,
-            m.input,
-            self.opts,
-            cfg.inference.max_wait_ms / 1000.0,
-            self._on_result,
-            self.cond,
-            self.stop_event,
-            (m.name, m.version),
-        )
+        self.commands.register("rollback", NoArgs, lambda _: self._cmd_rollback(), idempotent=False)
+        self.ota: OtaReceiver | None = None
+        if self.store is not None and cfg.ota.enabled:
+            self.ota = OtaReceiver(
+                cfg.ota,
+                self.store,
+                cfg.model.keys_dir,
+                lambda t, b, q, r: self.publisher.publish_direct(t, b, qos=q, retain=r),
+                self.publisher.topic,
+                self.models.install_staged,
+                self.stop_event,
+            )
+            self.commands.register("ota", OfferArgs, self.ota.offer, idempotent=False, max_bytes=MAX_OFFER_BYTES)
+            self.publisher.route("ota/data", self.ota.on_data)
         self._last_tel = (time.monotonic(), 0, {c.name: 0 for c in self.cameras})
         self._last_status_fps = 0.0
         self.stop_reason = ""
@@ -188,7 +198,45 @@ class Daemon:
             sensors = Sensors(cfg.governor.sysfs_root)
             self.governor = Governor(cfg.governor, cfg.memory, sensors, self.throttle, self._event, self._fatal)
 
+    @property
+    def package(self) -> Package:
+        """The package serving now (it changes with a swap)."""
+        return self.models.package
+
+    def _judge_crashes(self, name: str) -> None:
+        """A version on probation whose daemon died more than model.probation_max_crashes times is rolled
+        back before it is loaded again (a crash loop never reaches the probation check)."""
+        assert self.store is not None
+        st = self.store.state(name)
+        if st.pending is None or st.pending != self.store.pointer(name, "current"):
+            return
+        crashes = self.store.probation_run(name, self.boot_id)
+        limit = self.cfg.model.probation_max_crashes
+        if crashes <= limit:
+            if crashes:
+                logger.warning(
+                    "model %s@%d: %d crash(es) on probation (%d tolerated)", name, st.pending, crashes, limit
+                )
+            return
+        reason = f"the daemon crashed {crashes} times while {name}@{st.pending} was on probation"
+        try:
+            was, now = self.store.rollback(name, reason)
+        except PackageError as exc:
+            logger.error("model %s: %s, but it cannot be rolled back: %s", name, reason, exc)
+            return
+        logger.error("model %s@%d rolled back to %d: %s", name, was, now, reason)
+        self._start_events.append(
+            {"type": "model_rolled_back", "model": {"name": name, "version": was}, "to": now, "reason": reason,
+             "code": "probation_crashes"}
+        )  # fmt: skip
+
     # --- commands ------------------------------------------------------------------------------
+    def _cmd_rollback(self) -> dict[str, Any]:
+        try:
+            return self.models.rollback("rolled back by command", code="by_command")
+        except (PackageError, SwapError) as exc:
+            raise CommandError(exc.code, str(exc)) from exc
+
     def _reply(self, topic: str, payload: bytes, props: Properties | None) -> None:
         self.publisher.publish_direct(topic, payload, qos=1, properties=props)
 
@@ -259,12 +307,21 @@ class Daemon:
             logger.info(
                 "config reloaded from %s; restart needed for: %s", self.config_path, ", ".join(restart) or "nothing"
             )
+            swapped = self._apply_store_current()
             notify(f"READY=1\nSTATUS={self.status_line()}")
-            return {"applied": live, "restart_needed": restart}
+            return {"applied": live, "restart_needed": restart, "model": swapped}
+
+    def _apply_store_current(self) -> dict[str, Any] | None:
+        """A reload also serves the store's `current` when `edged model install` changed it."""
+        try:
+            return self.models.apply_store_current()
+        except (EdgedError, OSError) as exc:
+            logger.error("reload: the store's current model was not taken: %s", exc)
+            return {"error": {"code": getattr(exc, "code", "failed"), "message": str(exc)}}
 
     def _status_extra(self) -> dict[str, Any]:
         m = self.package.manifest
-        return {"model": {"name": m.name, "version": m.version}}
+        return {"model": {"name": m.name, "version": m.version}, "groups": list(self.cfg.groups)}
 
     def _event(self, doc: dict[str, Any]) -> None:
         event = {
@@ -275,6 +332,10 @@ class Daemon:
             **doc,
         }
         self.publisher.submit_event(event)
+        if doc.get("type") in ("model_activated", "model_rolled_back"):
+            set_log_model(self.package.ref)
+            if self.publisher.connected:
+                self.publisher.publish_status("online")  # the retained status names the model
 
     def _fatal(self, reason: str) -> None:
         """The governor's hard stops (memory hard limit, critical temperature with action exit)."""
@@ -291,7 +352,7 @@ class Daemon:
         fps = self._last_status_fps
         return (
             f"{fps:.1f} fps, {up}/{len(self.cameras)} cameras up, batch {m.input.batch}, {self.package.ref} on "
-            f"{self.backend.name}, broker {'up' if self.publisher.connected else 'down'}, thermal {level}, "
+            f"{self.backend_name}, broker {'up' if self.publisher.connected else 'down'}, thermal {level}, "
             f"spool {self.publisher.spool.rows}, {st.errors} errors"
         )
 
@@ -342,7 +403,7 @@ class Daemon:
         gov: dict[str, Any] = self.governor.telemetry() if self.governor else {"level": "off"}
         memory: dict[str, Any] = {
             **_memory_mb(),
-            "model_mb": round(self.backend.memory_bytes / 2**20, 1),
+            "model_mb": round(self._model_bytes() / 2**20, 1),
             "budget_mb": self.cfg.memory.budget_mb,
             "rss_slope_mb_per_min": gov.pop("rss_slope_mb_per_min", None),
         }
@@ -358,7 +419,9 @@ class Daemon:
             "uptime_s": round(now - self.started, 1),
             "cameras": cams,
             "inference": {
-                "backend": self.backend.name,
+                "backend": self.backend_name,
+                "model": self.package.ref,
+                "swaps": self.models.swaps,
                 "batch": self.package.manifest.input.batch,
                 "fps": round((st.rows - rows0) / dt_s, 2),
                 "batches": st.batches,
@@ -380,7 +443,7 @@ class Daemon:
         logger.info(
             "model %s loaded on %s, batch %d, warm-up batch %.1f ms",
             self.package.ref,
-            self.backend.name,
+            self.backend_name,
             m.input.batch,
             warm_ms,
         )
@@ -390,6 +453,11 @@ class Daemon:
             signal.signal(signal.SIGHUP, self._on_sighup)
         self.commands.start()
         self.publisher.start()
+        for ev in self._start_events:
+            self._event(ev)
+        self.models.publish_state()
+        if self.ota is not None:
+            self.ota.resume()
         for c in self.cameras:
             c.start()
         self.loop.start()
@@ -424,7 +492,7 @@ class Daemon:
                     break
                 if not self.publisher.network_alive():
                     self.publisher.restart_network()
-                self._check_probation(now)
+                self.models.check_probation(now)
                 if now >= next_tel:
                     self.publisher.publish_json("telemetry", self.telemetry(), qos=0, retain=True)
                     notify(f"STATUS={self.status_line()}")
@@ -439,27 +507,6 @@ class Daemon:
             time.monotonic() - self.started,
             self.stop_reason,
         )
-
-    def _check_probation(self, now: float) -> None:
-        """Commit a store version on probation once it has run long enough without inference errors.
-        Until then a crash loop rolls it back (edged-rollback.service); after, it is the known-good one."""
-        if self.store is None or not self._on_probation:
-            return
-        m = self.package.manifest
-        p, st = self.cfg.model, self.loop.stats
-        if now - self.started < p.probation_s or st.batches < p.probation_batches or st.errors:
-            return
-        self._on_probation = False
-        if self.store.state(m.name).pending != m.version:  # installed over or rolled back meanwhile
-            return
-        self.store.commit(m.name)
-        logger.info(
-            "model %s passed probation (%d batches, %.0f s, no errors): committed",
-            self.package.ref,
-            st.batches,
-            now - self.started,
-        )
-        self._event({"type": "model_committed", "model": {"name": m.name, "version": m.version}})
 
     def _health(self, now: float, stall_s: float) -> tuple[bool, str]:
         """The watchdog's question: are the inference loop and the MQTT network thread making progress?"""
@@ -486,9 +533,16 @@ class Daemon:
             self.publisher.publish_json("telemetry", self.telemetry(), qos=0, retain=True)
         finally:
             self.commands.stop()
+            self.models.close()
             self.publisher.stop()
-            self.backend.close()
+            active = self.loop.active
+            if active is not None:
+                active.backend.close()
         logger.info("stopped cleanly")
+
+    def _model_bytes(self) -> int:
+        active = self.loop.active
+        return active.backend.memory_bytes if active is not None else 0
 
 
 def default_log_level(cfg_level: str) -> int:

@@ -56,6 +56,7 @@ class Verb:
     args: type[BaseModel]
     handler: Handler
     idempotent: bool
+    max_bytes: int = MAX_COMMAND_BYTES
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -83,10 +84,10 @@ def _depth(value: Any, limit: int) -> None:
             stack.extend((x, d + 1) for x in v)
 
 
-def parse_payload(payload: bytes) -> dict[str, Any]:
+def parse_payload(payload: bytes, cap: int = MAX_COMMAND_BYTES) -> dict[str, Any]:
     """Strictly parse a command payload into a JSON object; raise CommandError(code, message)."""
-    if len(payload) > MAX_COMMAND_BYTES:
-        raise CommandError("too_large", f"{len(payload)} bytes, over the {MAX_COMMAND_BYTES} byte cap")
+    if len(payload) > cap:
+        raise CommandError("too_large", f"{len(payload)} bytes, over the {cap} byte cap")
     if not payload:  # what clearing a retained message delivers: never a command
         raise CommandError("empty", "an empty payload is not a command; send {} for no arguments")
     try:
@@ -115,8 +116,11 @@ class Commands:
         self._q: queue.Queue[MQTTMessage | None] = queue.Queue(maxsize=32)
         self._thread = threading.Thread(target=self._run, name="commands", daemon=True)
 
-    def register(self, verb: str, args: type[BaseModel], handler: Handler, idempotent: bool) -> None:
-        self.verbs[verb] = Verb(args, handler, idempotent)
+    def register(
+        self, verb: str, args: type[BaseModel], handler: Handler, idempotent: bool, max_bytes: int = MAX_COMMAND_BYTES
+    ) -> None:
+        """`max_bytes`: this verb's payload cap (the model offer carries a manifest; the rest stay at 16 KiB)."""
+        self.verbs[verb] = Verb(args, handler, idempotent, max_bytes)
 
     def start(self) -> None:
         self._thread.start()
@@ -159,7 +163,7 @@ class Commands:
             raise CommandError("unknown_verb", f"unknown verb {verb!r}; known: {', '.join(sorted(self.verbs))}")
         if retained and not spec.idempotent:
             raise CommandError("retained_ignored", f"a retained {verb!r} is not acted on (it is not idempotent)")
-        doc = parse_payload(payload)
+        doc = parse_payload(payload, spec.max_bytes)
         try:
             args = spec.args.model_validate(doc)
         except ValidationError as exc:

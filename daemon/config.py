@@ -87,6 +87,8 @@ class ModelConfig(_Strict):
     keep_versions: int = Field(3, ge=2, le=20)  # model versions kept in the store (current and previous always)
     probation_s: float = Field(300.0, ge=0)  # a newly installed version is committed after this long ...
     probation_batches: int = Field(500, ge=0)  # ... and this many batches, with no inference errors
+    probation_max_crashes: int = Field(1, ge=0, le=100)  # daemon crashes tolerated on probation; one more rolls back
+    probation_latency_ratio: float = Field(1.5, ge=0)  # median batch time over the old one's x this rolls back (0: off)
     build_on_device: bool = False  # ONNX package + TensorRT here: build an engine once, cache it, run it
     build_precision: Literal["fp16", "int8", "fp32"] | None = None  # default: int8 for QDQ models, else fp16
 
@@ -162,6 +164,14 @@ class GovernorConfig(_Strict):
         return self
 
 
+class OtaConfig(_Strict):
+    enabled: bool = True  # accept model pushes (`edged push`) on the command channel
+    chunk_kb: int = Field(256, ge=4, le=4096)  # bytes asked for per chunk request
+    window: int = Field(4, ge=1, le=64)  # chunk requests in flight
+    retry_s: float = Field(5.0, gt=0, le=600)  # no chunk for this long: ask again
+    give_up_s: float = Field(3600.0, gt=0)  # no chunk for this long: the transfer fails (what arrived is kept)
+
+
 class MemoryConfig(_Strict):
     budget_mb: float = Field(4096.0, gt=0, le=1_000_000)
     soft_limit_pct: float = Field(85.0, gt=0, le=100)
@@ -186,6 +196,8 @@ class Config(_Strict):
     telemetry: TelemetryConfig = TelemetryConfig()
     governor: GovernorConfig = GovernorConfig()
     memory: MemoryConfig = MemoryConfig()
+    ota: OtaConfig = OtaConfig()
+    groups: list[str] = []  # fleet groups this device belongs to (`edged push --group`), shown in …/status
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("device_id")
@@ -193,6 +205,14 @@ class Config(_Strict):
     def _device(cls, v: str) -> str:
         if not _NAME.match(v):
             raise ValueError("must be 1-64 of letters, digits, '_', '.', '-' (it becomes a topic level)")
+        return v
+
+    @field_validator("groups")
+    @classmethod
+    def _groups(cls, v: list[str]) -> list[str]:
+        bad = [g for g in v if not _NAME.match(g)]
+        if bad:
+            raise ValueError(f"group names are 1-64 of letters, digits, '_', '.', '-': {bad}")
         return v
 
     @field_validator("cameras")

@@ -5,6 +5,10 @@ It takes at most one frame per camera per batch (the latest), goes as soon as B 
 in hand or every live camera has given one, and otherwise waits at most ``max_wait_ms`` after
 the first frame for more. A short batch is padded: padding rows are run (the engine's batch is
 fixed) but never decoded or published. The thread owns the backend (and, on a GPU, its context).
+
+A model swap (swap.py) hands the loop a new `ActiveModel` with `flip()`; the loop takes it between two
+batches, so every batch, and every result, belongs to exactly one model version. `flip(None)` holds
+the loop (no batch runs) until the next flip: the stop-the-world swap, when two models do not fit.
 """
 
 from __future__ import annotations
@@ -43,13 +47,6 @@ class Result:
         return (self.done_mono - self.meta.captured_mono) * 1000.0
 
 
-@dataclass(frozen=True)
-class _Batch:
-    outputs: dict[str, np.ndarray]
-    rows: list[tuple[str, FrameMeta]]  # camera name and frame of each real row, in batch order
-    infer_ms: float
-
-
 class Window:
     """The last `size` samples of a quantity, for percentiles in telemetry."""
 
@@ -70,6 +67,31 @@ class Window:
 
 
 @dataclass
+class ActiveModel:
+    """A loaded model and what the loop has seen of it (its own counters, for probation)."""
+
+    backend: Backend
+    decoder: Decoder
+    name: str
+    version: int
+    infer_ms: Window = field(default_factory=Window)
+    batches: int = 0
+    errors: int = 0
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+@dataclass(frozen=True)
+class _Batch:
+    outputs: dict[str, np.ndarray]
+    rows: list[tuple[str, FrameMeta]]  # camera name and frame of each real row, in batch order
+    infer_ms: float
+    model: ActiveModel
+
+
+@dataclass
 class InferenceStats:
     batches: int = 0
     rows: int = 0  # real frames inferred
@@ -84,41 +106,69 @@ class InferenceLoop:
     def __init__(
         self,
         cameras: Sequence[Camera],
-        backend: Backend,
-        decoder: Decoder,
+        model: ActiveModel,
         spec: InputSpec,
         opts: DecodeOptions,
         max_wait_s: float,
         sink: Callable[[Result], None],
         cond: threading.Condition,
         stop: threading.Event,
-        model: tuple[str, int],
     ) -> None:
         self.cameras = list(cameras)
-        self.backend = backend
-        self.decoder = decoder
+        self.active: ActiveModel | None = model  # None while held by a stop-the-world swap
         self.spec = spec
         self.opts = opts
         self.max_wait_s = max_wait_s
         self.sink = sink
         self.cond = cond
         self._stop = stop
-        self.model = model
         self.stats = InferenceStats()
+        self._pending: tuple[ActiveModel | None, threading.Event, list[ActiveModel | None]] | None = None
+        self._flip_lock = threading.Lock()
         self.batch = np.zeros(spec.shape, dtype=cameras[0].rows[0].dtype if cameras else np.float32)
         self._next = 0  # round-robin start, so no camera is always first
         self._decode_q: queue.Queue[_Batch | None] = queue.Queue(maxsize=2)
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._decoder_thread = threading.Thread(target=self._decode_loop, name="decode", daemon=True)
 
+    @property
+    def backend(self) -> Backend | None:
+        active = self.active
+        return active.backend if active else None
+
     def warm_up(self, batches: int) -> float:
         """Run `batches` batches of padding before serving; return the last one's time in ms."""
-        ms = 0.0
-        for _ in range(batches):
-            t0 = time.perf_counter()
-            self.backend.infer({self.spec.name: self.batch})
-            ms = (time.perf_counter() - t0) * 1000.0
-        return ms
+        assert self.active is not None
+        return warm_up(self.active.backend, self.spec, batches)
+
+    def flip(self, new: ActiveModel | None, timeout_s: float = 60.0) -> ActiveModel | None:
+        """Make `new` the model between two batches (None: hold the loop); return the one it replaced.
+        Blocks until the inference thread has taken it: from then on no batch runs on the old one."""
+        if not self._thread.is_alive():  # not started (or ended): nothing runs, so flip here
+            old, self.active = self.active, new
+            return old
+        done = threading.Event()
+        box: list[ActiveModel | None] = []
+        with self._flip_lock:
+            self._pending = (new, done, box)
+            with self.cond:
+                self.cond.notify_all()
+            if not done.wait(timeout_s):
+                self._pending = None
+                from edged.errors import SwapError
+
+                raise SwapError(f"the inference thread did not reach a batch boundary within {timeout_s:.0f} s")
+        return box[0]
+
+    def _take_flip(self) -> None:
+        pending = self._pending
+        if pending is None:
+            return
+        self._pending = None
+        new, done, box = pending
+        box.append(self.active)
+        self.active = new
+        done.set()
 
     def start(self) -> None:
         self._thread.start()
@@ -142,6 +192,8 @@ class InferenceLoop:
         n = len(self.cameras)
         with self.cond:
             while not self._stop.is_set():
+                if self._pending is not None and not taken:
+                    break  # a swap waits: take it before the next batch
                 have = {id(c) for c, _, _ in taken}
                 for k in range(n):
                     cam = self.cameras[(self._next + k) % n]
@@ -172,13 +224,20 @@ class InferenceLoop:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                self._take_flip()
+                if self.active is None:  # held by a stop-the-world swap
+                    self.stats.last_progress = time.monotonic()
+                    with self.cond:
+                        self.cond.wait(0.1)
+                    continue
                 taken = self._gather()
                 if taken:
-                    self._run_batch(taken)
+                    self._run_batch(taken, self.active)
         finally:
+            self._take_flip()  # a swap waiting on this thread is answered, not left hanging
             self._decode_q.put(None)  # the decode thread finishes what is queued, then ends
 
-    def _run_batch(self, taken: list[tuple[Camera, int, FrameMeta]]) -> None:
+    def _run_batch(self, taken: list[tuple[Camera, int, FrameMeta]], model: ActiveModel) -> None:
         for i, (cam, idx, _) in enumerate(taken):
             np.copyto(self.batch[i], cam.rows[idx])
         with self.cond:
@@ -186,11 +245,13 @@ class InferenceLoop:
                 cam.release_locked(idx)
         t0 = time.perf_counter()
         try:
-            outputs = self.backend.infer({self.spec.name: self.batch})
+            outputs = model.backend.infer({self.spec.name: self.batch})
         except Exception:  # a loop boundary: log once with the traceback, count, drop the batch
-            self._count_error("inference")
+            self._count_error("inference", model)
             return
         infer_ms = (time.perf_counter() - t0) * 1000.0
+        model.batches += 1
+        model.infer_ms.add(infer_ms)
         self.stats.batches += 1
         self.stats.rows += len(taken)
         self.stats.padded_rows += self.spec.batch - len(taken)
@@ -198,23 +259,35 @@ class InferenceLoop:
         self.stats.last_progress = time.monotonic()
         # Decoding overlaps the next batch's inference; the bounded queue holds the engine back
         # (and so makes cameras drop frames) if decoding ever falls behind.
-        self._decode_q.put(_Batch(outputs, [(cam.name, meta) for cam, _, meta in taken], infer_ms))
+        self._decode_q.put(_Batch(outputs, [(cam.name, meta) for cam, _, meta in taken], infer_ms, model))
 
     def _decode_loop(self) -> None:
-        name, version = self.model
         while (batch := self._decode_q.get()) is not None:
+            m = batch.model  # the model that ran this batch decodes it and names it in its results
             try:
-                dets = self.decoder.decode(batch.outputs, [m.transform for _, m in batch.rows], self.opts)
+                dets = m.decoder.decode(batch.outputs, [meta.transform for _, meta in batch.rows], self.opts)
             except Exception:  # a loop boundary, as above
-                self._count_error("decoding")
+                self._count_error("decoding", m)
                 continue
             done = time.monotonic()
             for (camera, meta), row_dets in zip(batch.rows, dets, strict=True):
-                result = Result(camera, meta, row_dets, batch.infer_ms, done, name, version)
+                result = Result(camera, meta, row_dets, batch.infer_ms, done, m.name, m.version)
                 self.stats.capture_to_result_ms.add(result.capture_to_result_ms)
                 self.sink(result)
 
-    def _count_error(self, stage: str) -> None:
+    def _count_error(self, stage: str, model: ActiveModel) -> None:
+        model.errors += 1
         self.stats.errors += 1
         if self.stats.errors <= 3 or self.stats.errors % 100 == 0:
             logger.exception("%s: batch failed (%d so far); dropping it", stage, self.stats.errors)
+
+
+def warm_up(backend: Backend, spec: InputSpec, batches: int) -> float:
+    """Run `batches` batches of zeros through `backend`; return the last one's time in ms."""
+    zeros = np.zeros(spec.shape, dtype=spec.dtype)
+    ms = 0.0
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        backend.infer({spec.name: zeros})
+        ms = (time.perf_counter() - t0) * 1000.0
+    return ms

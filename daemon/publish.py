@@ -122,6 +122,8 @@ class Publisher:
         self.boot_id = boot_id
         self._status_extra = status_extra
         self._on_command = on_command
+        self._routes: dict[str, MessageHandler] = {}  # full topic -> handler, for topics other than cmd/+
+        self._retained: dict[str, bytes] = {}  # suffix -> payload, published again at every connect
         self.since = iso(time.time())
         self._q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
@@ -188,8 +190,12 @@ class Publisher:
             getattr(flags, "session_present", "?"),
         )
         self.publish_status("online")
+        for suffix, payload in list(self._retained.items()):
+            client.publish(self.topic(suffix), payload, qos=1, retain=True)
         if self._on_command is not None:
             client.subscribe(self.topic("cmd/+"), qos=1)
+        for topic in self._routes:
+            client.subscribe(topic, qos=0)
 
     def _on_disconnect(
         self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Properties | None
@@ -206,10 +212,11 @@ class Publisher:
             self._wake.set()
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        if self._on_command is None:
+        handler = self._routes.get(msg.topic, self._on_command)
+        if handler is None:
             return
         try:
-            self._on_command(msg)
+            handler(msg)
         except Exception:  # the handler must not raise; if it does, it must not reach paho
             logger.exception("mqtt: command handler failed on %s", msg.topic)
 
@@ -325,6 +332,18 @@ class Publisher:
             return False
         info = self.client.publish(topic, payload, qos=qos, retain=retain, properties=properties)
         return info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def route(self, suffix: str, handler: MessageHandler) -> None:
+        """Subscribe (at every connect) to our topic `suffix` and hand its messages to `handler`, which runs
+        on paho's network thread and must only queue. Call before start()."""
+        self._routes[self.topic(suffix)] = handler
+
+    def set_retained(self, suffix: str, doc: dict[str, Any]) -> None:
+        """A retained QoS 1 state document (…/model/state): published now and again at every connect."""
+        payload = json.dumps(doc, separators=(",", ":")).encode()
+        self._retained[suffix] = payload
+        if self.connected:
+            self.client.publish(self.topic(suffix), payload, qos=1, retain=True)
 
     def publish_json(self, suffix: str, doc: dict[str, Any], qos: int = 0, retain: bool = False) -> bool:
         return self.publish_direct(self.topic(suffix), json.dumps(doc, separators=(",", ":")).encode(), qos, retain)

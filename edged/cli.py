@@ -368,9 +368,10 @@ def _check(args: argparse.Namespace) -> int:
     )
     if args.no_model:
         return 0
-    from edged.daemon.app import check_io, resolve_package
+    from edged.daemon.app import resolve_package
     from edged.daemon.backend import open_backend
     from edged.daemon.decoders import build_decoder
+    from edged.daemon.swap import check_io
 
     pkg = resolve_package(cfg)
     m = pkg.manifest

@@ -93,6 +93,16 @@ class DecoderSpec(_Strict):
     params: dict[str, Any] = {}
 
 
+class GoldenSpec(_Strict):
+    """A warm-up check: the model's outputs for `input` (a .npy batch) must match `output` (a .npz of
+    output name -> array) within atol + rtol * |expected|, or the package is never activated."""
+
+    input: str
+    output: str
+    atol: float = Field(1e-3, ge=0)
+    rtol: float = Field(1e-2, ge=0)
+
+
 class FileEntry(_Strict):
     size: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -113,6 +123,7 @@ class Manifest(_Strict):
     precision: Literal["fp32", "fp16", "int8", "mixed"] = "fp32"
     compatibility: dict[str, Any] = {}
     source: dict[str, Any] = {}
+    golden: GoldenSpec | None = None
     files: dict[str, FileEntry]
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -122,7 +133,8 @@ class Manifest(_Strict):
         for f in self.files:
             if "/" in f or f.startswith(".") or f == MANIFEST:
                 raise ValueError(f"file name {f!r} must be a plain name inside the package")
-        for needed in (self.model_file, self.labels_file):
+        golden = (self.golden.input, self.golden.output) if self.golden else ()
+        for needed in (self.model_file, self.labels_file, *golden):
             if needed is not None and needed not in self.files:
                 raise ValueError(f"{needed!r} is not listed in files")
         return self

@@ -86,6 +86,8 @@ class ModelState:
     probation_crashes: int = 0
     probation_since: float | None = None
     bad: list[int] = field(default_factory=list)
+    probation_boot: str | None = None  # boot id of the daemon run judging the probation; set = not stopped cleanly
+    baseline_infer_ms: float | None = None  # the replaced version's median batch time: the latency to beat
 
     def to_json(self) -> bytes:
         return (json.dumps({"schema": "edged.store/1", **asdict(self)}, indent=2) + "\n").encode()
@@ -282,12 +284,28 @@ class Store:
         progress: Callable[[str], None] | None = None,
     ) -> Installed:
         """Verify a package (tar or folder) and make it `current` on probation; the old one `previous`."""
+        offer, stage = self.stage(source, trust, facts, progress)
+        if stage is None:
+            return Installed(
+                offer.manifest.name, offer.manifest.version, "unchanged", self.pointer(offer.manifest.name, "previous")
+            )
+        return self.activate(offer.manifest.name, offer.manifest.version, stage)
+
+    def stage(
+        self,
+        source: Path,
+        trust: TrustStore,
+        facts: DeviceFacts | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> tuple[Offer, Path | None]:
+        """Every check, then a verified copy under staging/; None instead of a folder when this version is
+        already current (a no-op). Nothing outside staging/ changes; a refused package leaves nothing."""
         say = progress or (lambda m: None)
         manifest_bytes, sig_bytes = read_head(source)
         offer = self.check_offer(manifest_bytes, sig_bytes, trust, str(source), facts or detect())
         m = offer.manifest
         if offer.same_version:
-            return Installed(m.name, m.version, "unchanged", self.pointer(m.name, "previous"))
+            return offer, None
         self.staging.mkdir(parents=True, exist_ok=True)
         stage = self.staging / f"{m.name}-{m.version}-{os.getpid()}"
         shutil.rmtree(stage, ignore_errors=True)
@@ -302,10 +320,11 @@ class Store:
             shutil.rmtree(stage, ignore_errors=True)  # a refused package leaves nothing behind
             raise
         self._step("staged")
-        return self.activate(m.name, m.version, stage)
+        return offer, stage
 
-    def activate(self, name: str, version: int, stage: Path) -> Installed:
-        """Rename a verified staged folder in, record it, flip the links (previous first)."""
+    def activate(self, name: str, version: int, stage: Path, baseline_infer_ms: float | None = None) -> Installed:
+        """Rename a verified staged folder in, record it, flip the links (previous first). `baseline_infer_ms`:
+        the replaced version's median batch time, which the new one must not regress from on probation."""
         d = self._dir(name)
         vdir = d / "versions"
         vdir.mkdir(parents=True, exist_ok=True)
@@ -325,6 +344,7 @@ class Store:
         old = self.pointer(name, "current")
         state.highest_accepted = max(state.highest_accepted, version)
         state.pending, state.probation_crashes, state.probation_since = version, 0, time.time()
+        state.probation_boot, state.baseline_infer_ms = None, baseline_infer_ms
         write_atomic(d / STATE, state.to_json())
         self._step("state_written")
         if old is not None and old != version:
@@ -339,7 +359,29 @@ class Store:
     def commit(self, name: str) -> None:
         state = self.state(name)
         state.pending, state.probation_crashes, state.probation_since = None, 0, None
+        state.probation_boot = state.baseline_infer_ms = None
         write_atomic(self._dir(name) / STATE, state.to_json())
+
+    def probation_run(self, name: str, boot_id: str | None) -> int:
+        """A daemon run starts (`boot_id`) or stops cleanly (None) judging the version on probation.
+        Starting while another run's id is still recorded means that run died: it counts as a crash.
+        Returns the crashes counted so far."""
+        state = self.state(name)
+        if state.pending is None:
+            return 0
+        if boot_id is not None and state.probation_boot is not None:
+            state.probation_crashes += 1
+        state.probation_boot = boot_id
+        write_atomic(self._dir(name) / STATE, state.to_json())
+        return state.probation_crashes
+
+    def mark_bad(self, name: str, version: int) -> None:
+        """A version refused after staging (a failed golden check, say): never installed, never retried."""
+        state = self.state(name)
+        if version not in state.bad:
+            state.bad.append(version)
+            self._dir(name).mkdir(parents=True, exist_ok=True)
+            write_atomic(self._dir(name) / STATE, state.to_json())
 
     def rollback(self, name: str, reason: str = "rolled back") -> tuple[int, int]:
         """current -> previous; the version that was current is marked bad. Returns (from, to)."""
@@ -351,6 +393,7 @@ class Store:
         if cur not in state.bad:
             state.bad.append(cur)
         state.pending, state.probation_crashes, state.probation_since = None, 0, None
+        state.probation_boot = state.baseline_infer_ms = None
         write_atomic(d / STATE, state.to_json())
         self._step("marked_bad")
         link_atomic(d / "current", f"versions/{prev}")

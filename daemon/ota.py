@@ -1,0 +1,356 @@
+"""Over-the-air model transfer, the device's side (DESIGN §6). MQTT carries all of it.
+
+    pusher ── cmd/ota {transfer, manifest, sig} ──> device: every manifest check first (store.check_offer)
+    device ── ota/req {transfer, file, offset, length} ──> pusher       (a window of chunk requests)
+    pusher ── ota/data [2-byte header length][header JSON][bytes] ──> device
+    device ── ota/status {transfer, state, bytes, total, error} ──> pusher   (QoS 1, retained)
+
+The device asks only for bytes inside each file's declared size and writes a chunk only where it
+asked, so nothing is ever written past a declared size. Progress (bytes fsynced per file) is kept
+under ``<state_dir>/ota/<manifest sha256[:16]>/`` and survives a broker outage (requests are asked
+again every `ota.retry_s`) and a daemon restart (the transfer resumes at start, from the persisted
+offsets, after checking the offer again). When every file is in, each is checked against its
+sha256, the package is staged through the store (the same checks as a local install) and handed to
+the model manager, which swaps it in on probation. States: accepted, downloading, verifying,
+installing, probation (success), unchanged (already current: a no-op), rejected (a check refused
+it), failed (the transfer could not complete).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import queue
+import shutil
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paho.mqtt.client import MQTTMessage
+from pydantic import BaseModel, ConfigDict, Field
+
+from edged.errors import EdgedError, PackageError
+from edged.models.compat import detect
+from edged.models.package import MANIFEST, sha256_file
+from edged.models.signing import SIG_FILE, TrustStore
+from edged.models.store import Offer, Store, write_atomic
+
+from .commands import CommandError
+from .config import OtaConfig
+
+logger = logging.getLogger(__name__)
+
+OTA_SCHEMA = "edged.ota/1"
+MAX_OFFER_BYTES = 512 * 1024  # a base64 manifest of up to 256 KiB and its signature
+PROGRESS_EVERY = 1 << 20  # fsync and persist progress at least every MiB
+
+
+class OfferArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    transfer: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    manifest: str  # base64 of the exact manifest.json bytes
+    sig: str  # base64 of manifest.sig
+
+
+def pack_chunk(header: dict[str, Any], data: bytes) -> bytes:
+    h = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack(">H", len(h)) + h + data
+
+
+def unpack_chunk(payload: bytes) -> tuple[dict[str, Any], bytes]:
+    if len(payload) < 2:
+        raise ValueError("short chunk")
+    (n,) = struct.unpack(">H", payload[:2])
+    header = json.loads(payload[2 : 2 + n])
+    if not isinstance(header, dict):
+        raise ValueError("chunk header is not an object")
+    return header, payload[2 + n :]
+
+
+@dataclass
+class _Chunk:
+    transfer: str
+    file: str
+    offset: int
+    data: bytes
+
+
+class Transfer:
+    """One offered package's download: its folder, its offer and its persisted progress."""
+
+    def __init__(self, folder: Path, transfer: str, offer: Offer) -> None:
+        self.folder = folder
+        self.id = transfer
+        self.offer = offer
+        self.progress: dict[str, int] = {}
+        p = folder / "progress.json"
+        if p.exists():
+            try:
+                self.progress = {k: int(v) for k, v in json.loads(p.read_text()).items()}
+            except (ValueError, AttributeError):
+                self.progress = {}
+
+    @property
+    def total(self) -> int:
+        return sum(e.size for e in self.offer.manifest.files.values())
+
+    @property
+    def have(self) -> int:
+        return sum(min(self.progress.get(n, 0), e.size) for n, e in self.offer.manifest.files.items())
+
+    def save(self) -> None:
+        write_atomic(self.folder / "progress.json", json.dumps(self.progress).encode())
+
+
+class OtaReceiver:
+    def __init__(
+        self,
+        cfg: OtaConfig,
+        store: Store,
+        keys_dir: Path,
+        publish: Callable[[str, bytes, int, bool], bool],
+        topic: Callable[[str], str],
+        install: Callable[[Path, str], dict[str, Any]],
+        stop: threading.Event,
+    ) -> None:
+        """`publish(topic, payload, qos, retain)`; `topic(suffix)` is the device's topic; `install(stage,
+        transfer)` swaps a staged package in (ModelManager.install_staged) and raises when refused."""
+        self.cfg = cfg
+        self.store = store
+        self.keys_dir = keys_dir
+        self.root = store.state_dir / "ota"
+        self._publish = publish
+        self._topic = topic
+        self._install = install
+        self._stop = stop
+        self._chunks: queue.Queue[_Chunk] = queue.Queue(maxsize=max(8, cfg.window * 4))
+        self._lock = threading.Lock()
+        self._current: Transfer | None = None
+        self._thread: threading.Thread | None = None
+        self.bad_chunks = 0
+        self.completed = 0
+
+    # ---- the offer (command thread) --------------------------------------------------------
+    def offer(self, args: OfferArgs) -> dict[str, Any]:
+        try:
+            manifest_bytes = base64.b64decode(args.manifest, validate=True)
+            sig_bytes = base64.b64decode(args.sig, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise CommandError("invalid_arguments", f"manifest/sig must be base64: {exc}") from exc
+        where = f"offer {args.transfer}"
+        try:
+            offer = self.store.check_offer(manifest_bytes, sig_bytes, TrustStore.load(self.keys_dir), where, detect())
+        except PackageError as exc:
+            self.status(args.transfer, "rejected", error=exc)
+            raise CommandError(exc.code, str(exc)) from exc
+        m = offer.manifest
+        if offer.same_version:
+            self.status(args.transfer, "unchanged", model=(m.name, m.version))
+            return {"state": "unchanged", "model": {"name": m.name, "version": m.version}}
+        key = hashlib.sha256(manifest_bytes).hexdigest()[:16]
+        with self._lock:
+            cur = self._current
+            if cur is not None and self._thread is not None and self._thread.is_alive():
+                if cur.folder.name == key:  # the same package offered again (a new push): carry on
+                    cur.id = args.transfer
+                    return self._accepted(cur)
+                raise CommandError("busy", f"a transfer of {cur.offer.manifest.name}@{cur.offer.manifest.version} runs")
+            folder = self.root / key
+            for other in self.root.glob("*") if self.root.is_dir() else []:
+                if other.name != key:
+                    shutil.rmtree(other, ignore_errors=True)  # one transfer at a time: an older offer is dropped
+            folder.mkdir(parents=True, exist_ok=True)
+            record = {"transfer": args.transfer, "manifest": args.manifest, "sig": args.sig}
+            write_atomic(folder / "offer.json", json.dumps(record).encode())
+            t = Transfer(folder, args.transfer, offer)
+            self._start(t)
+            return self._accepted(t)
+
+    def _accepted(self, t: Transfer) -> dict[str, Any]:
+        m = t.offer.manifest
+        self.status(t.id, "accepted", model=(m.name, m.version), done=t.have, total=t.total)
+        return {"state": "accepted", "model": {"name": m.name, "version": m.version}, "have": t.have, "total": t.total}
+
+    def resume(self) -> None:
+        """At start: carry on with a transfer a previous run left (its offer is checked again)."""
+        if not self.root.is_dir():
+            return
+        for folder in sorted(self.root.iterdir()):
+            try:
+                rec = json.loads((folder / "offer.json").read_text())
+                args = OfferArgs.model_validate(rec)
+                mb, sb = base64.b64decode(args.manifest), base64.b64decode(args.sig)
+                offer = self.store.check_offer(
+                    mb, sb, TrustStore.load(self.keys_dir), f"resumed {folder.name}", detect()
+                )
+            except (OSError, ValueError, EdgedError) as exc:
+                logger.warning("ota: dropping the unfinished transfer in %s: %s", folder, exc)
+                shutil.rmtree(folder, ignore_errors=True)
+                continue
+            if offer.same_version:
+                shutil.rmtree(folder, ignore_errors=True)
+                continue
+            t = Transfer(folder, args.transfer, offer)
+            logger.info(
+                "ota: resuming transfer %s of %s@%d at %d of %d bytes",
+                t.id,
+                offer.manifest.name,
+                offer.manifest.version,
+                t.have,
+                t.total,
+            )
+            with self._lock:
+                self._start(t)
+            return
+
+    def _start(self, t: Transfer) -> None:
+        self._current = t
+        self._thread = threading.Thread(target=self._run, args=(t,), name="ota", daemon=True)
+        self._thread.start()
+
+    # ---- chunks (paho's network thread: parse and queue only) ------------------------------
+    def on_data(self, msg: MQTTMessage) -> None:
+        try:
+            header, data = unpack_chunk(bytes(msg.payload))
+            chunk = _Chunk(str(header["transfer"]), str(header["file"]), int(header["offset"]), data)
+        except (ValueError, KeyError, TypeError):
+            self.bad_chunks += 1
+            return
+        with contextlib.suppress(queue.Full):  # a dropped chunk is asked for again after retry_s
+            self._chunks.put_nowait(chunk)
+
+    # ---- the transfer thread ---------------------------------------------------------------
+    def _run(self, t: Transfer) -> None:
+        m = t.offer.manifest
+        ref = (m.name, m.version)
+        try:
+            for name in sorted(m.files):
+                self._fetch(t, name, m.files[name].size)
+                if self._stop.is_set():
+                    return
+            self.status(t.id, "verifying", model=ref, done=t.total, total=t.total)
+            for name, entry in m.files.items():
+                part = t.folder / f"{name}.part"
+                if part.exists():
+                    if sha256_file(part) != entry.sha256:
+                        part.unlink()
+                        t.progress.pop(name, None)
+                        t.save()
+                        raise PackageError(
+                            f"{m.name}@{m.version}: {name}: sha256 does not match the manifest (corrupt or "
+                            "tampered in transit); the file is discarded",
+                            code="hash_mismatch",
+                        )
+                    os.replace(part, t.folder / name)
+            write_atomic(t.folder / MANIFEST, t.offer.manifest_bytes)
+            write_atomic(t.folder / SIG_FILE, t.offer.sig_bytes)
+            self.status(t.id, "installing", model=ref, done=t.total, total=t.total)
+            _, stage = self.store.stage(t.folder, TrustStore.load(self.keys_dir), detect())
+            if stage is None:
+                self.status(t.id, "unchanged", model=ref)
+            else:
+                result = self._install(stage, t.id)
+                self.status(t.id, "probation", model=ref, done=t.total, total=t.total, detail=result)
+            self.completed += 1
+            shutil.rmtree(t.folder, ignore_errors=True)
+        except EdgedError as exc:
+            logger.error("ota: transfer %s of %s@%d refused: %s", t.id, m.name, m.version, exc)
+            stalled = exc.code == "stalled"  # what arrived is kept: the same package offered again resumes
+            self.status(t.id, "failed" if stalled else "rejected", model=ref, error=exc)
+            if not stalled:
+                shutil.rmtree(t.folder, ignore_errors=True)
+        except Exception as exc:  # a thread boundary: report it, keep what arrived for a resume
+            logger.exception("ota: transfer %s failed", t.id)
+            self.status(t.id, "failed", model=ref, error=EdgedError(f"{type(exc).__name__}: {exc}", code="failed"))
+
+    def _fetch(self, t: Transfer, name: str, size: int) -> None:
+        part = t.folder / f"{name}.part"
+        if (t.folder / name).exists():  # renamed in by a run that stopped before installing
+            os.replace(t.folder / name, part)
+        done = min(t.progress.get(name, 0), size)
+        fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, done)  # bytes past the last persisted offset may be torn: fetch them again
+            chunk_bytes = self.cfg.chunk_kb * 1024
+            asked: dict[int, int] = {}  # offset -> length, in flight
+            next_off = done
+            last_data = last_ask = time.monotonic()
+            since_save = 0
+            last_status = 0.0
+            m = t.offer.manifest
+            while done < size and not self._stop.is_set():
+                while len(asked) < self.cfg.window and next_off < size:
+                    n = min(chunk_bytes, size - next_off)
+                    self._ask(t, name, next_off, n)
+                    asked[next_off] = n
+                    next_off += n
+                    last_ask = time.monotonic()
+                try:
+                    c = self._chunks.get(timeout=0.25)
+                except queue.Empty:
+                    now = time.monotonic()
+                    if now - last_data > self.cfg.give_up_s:
+                        raise EdgedError(
+                            f"no data for {self.cfg.give_up_s:.0f} s; {t.have} of {t.total} bytes kept for a resume",
+                            code="stalled",
+                        ) from None
+                    if now - last_ask > self.cfg.retry_s:  # lost requests or chunks (broker away?): ask again
+                        asked.clear()
+                        next_off = done
+                    continue
+                if c.transfer != t.id or c.file != name or c.offset != done or c.offset not in asked:
+                    continue  # a duplicate, a stale answer, another transfer's chunk
+                if len(c.data) != asked[c.offset] or c.offset + len(c.data) > size:
+                    self.bad_chunks += 1
+                    asked.clear()
+                    next_off = done
+                    continue  # never written: only the bytes asked for, inside the declared size
+                os.pwrite(fd, c.data, c.offset)
+                del asked[c.offset]
+                done += len(c.data)
+                since_save += len(c.data)
+                last_data = time.monotonic()
+                if since_save >= PROGRESS_EVERY or done == size:
+                    os.fsync(fd)
+                    t.progress[name] = done
+                    t.save()
+                    since_save = 0
+                if last_data - last_status >= 0.5 or done == size:
+                    self.status(t.id, "downloading", model=(m.name, m.version), done=t.have, total=t.total)
+                    last_status = last_data
+        finally:
+            os.close(fd)
+
+    def _ask(self, t: Transfer, name: str, offset: int, length: int) -> None:
+        doc = {"transfer": t.id, "file": name, "offset": offset, "length": length}
+        self._publish(self._topic("ota/req"), json.dumps(doc).encode(), 0, False)
+
+    def status(
+        self,
+        transfer: str,
+        state: str,
+        model: tuple[str, int] | None = None,
+        done: int | None = None,
+        total: int | None = None,
+        error: EdgedError | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        doc: dict[str, Any] = {"schema": OTA_SCHEMA, "transfer": transfer, "state": state, "ts": time.time()}
+        if model is not None:
+            doc["model"] = {"name": model[0], "version": model[1]}
+        if done is not None:
+            doc["bytes"], doc["total"] = done, total
+        if error is not None:
+            doc["error"] = {"code": error.code, "message": str(error)[:500]}
+        if detail:
+            doc["detail"] = detail
+        self._publish(self._topic("ota/status"), json.dumps(doc).encode(), 1, True)

@@ -1,0 +1,399 @@
+"""Model swaps in the running daemon, and the probation that follows them (DESIGN §5).
+
+    verified stage ──> admit (governor.plan_swap) ──> load + warm up + golden check ──> store.activate
+        ──> flip between two batches ──> close the old model ──> probation ──> commit | roll back
+
+Side by side when both models fit the memory budget: the new one loads and warms up while the old
+one keeps serving, and the inference loop takes it between two batches. Stop-the-world otherwise:
+the loop is held, the old model closed, the new one loaded; if that fails the old one is loaded
+again from the store. A candidate that fails to load, or its golden check, is never activated and
+its version is marked bad.
+
+Probation (the version the store has pending): it is rolled back, and marked bad, at its first
+inference or decoding error, when its median batch time exceeds the replaced version's by
+`model.probation_latency_ratio`, or when the daemon crashed more than `model.probation_max_crashes`
+times while judging it (counted across restarts in state.json). It is committed after
+`model.probation_s` seconds and `model.probation_batches` batches. Outcomes go to ``…/events`` and
+the retained ``…/model/state``.
+
+Crash-test seam: ``EDGEDTEST_CRASH_AT=swap_loaded|swap_flipped`` SIGKILLs the daemon at that step
+(the store's own steps are in store.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edged.errors import EdgedError, EngineLoadError, SwapError
+from edged.models.package import Package, verify_folder
+from edged.models.store import Store, crash_at_env_step
+
+from .backend import Backend
+from .config import Config
+from .decoders import build_decoder
+from .governor import plan_swap
+from .inference import ActiveModel, InferenceLoop, warm_up
+
+logger = logging.getLogger(__name__)
+
+MODEL_STATE_SCHEMA = "edged.model-state/1"
+SWAP_STEPS = ("swap_loaded", "swap_flipped")
+LATENCY_MIN_BATCHES = 20  # batches on the new model before its median batch time is judged
+
+
+def check_io(pkg: Package, backend: Backend) -> None:
+    spec = pkg.manifest.input
+    by_name = {t.name: t for t in backend.inputs}
+    if spec.name not in by_name:
+        raise EngineLoadError(
+            f"{pkg.model_path}: the manifest's input {spec.name!r} is not a model input "
+            f"(the model has {sorted(by_name)})"
+        )
+    shape = by_name[spec.name].shape
+    if list(shape) != list(spec.shape):
+        raise EngineLoadError(
+            f"{pkg.model_path}: input {spec.name!r} has shape {list(shape)}, the manifest says "
+            f"{spec.shape} (the fixed batch must match)"
+        )
+
+
+def golden_check(pkg: Package, backend: Backend) -> str | None:
+    """Run the package's golden input; raise SwapError(golden_mismatch) when an output is off.
+    Returns what was checked, in words, or None when the package has no golden pair."""
+    g = pkg.manifest.golden
+    if g is None:
+        return None
+    spec = pkg.manifest.input
+    try:
+        x = np.load(pkg.root / g.input, allow_pickle=False)
+        expected = np.load(pkg.root / g.output, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise SwapError(f"{pkg.ref}: golden files unreadable: {exc}", code="golden_invalid") from exc
+    if list(x.shape) != list(spec.shape) or x.dtype != np.dtype(spec.dtype):
+        raise SwapError(
+            f"{pkg.ref}: golden input is {x.dtype}{list(x.shape)}, the model takes {spec.dtype}{spec.shape}",
+            code="golden_invalid",
+        )
+    got = backend.infer({spec.name: x})
+    for name in expected.files:
+        ref = expected[name]
+        out = got.get(name)
+        if out is None or out.shape != ref.shape:
+            raise SwapError(
+                f"{pkg.ref}: golden output {name!r} is {None if out is None else list(out.shape)}, expected "
+                f"{list(ref.shape)}",
+                code="golden_mismatch",
+            )
+        diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+        off = diff > g.atol + g.rtol * np.abs(ref.astype(np.float64))
+        if off.any():
+            raise SwapError(
+                f"{pkg.ref}: golden check failed: output {name!r} has {int(off.sum())} of {off.size} values off "
+                f"by up to {float(diff.max()):.4g} (atol {g.atol:g}, rtol {g.rtol:g})",
+                code="golden_mismatch",
+            )
+    return f"golden check passed ({len(expected.files)} outputs)"
+
+
+def estimate_mb(pkg: Package) -> float:
+    """A model's memory before it is loaded: its file plus one batch of input (what admit() counts)."""
+    spec = pkg.manifest.input
+    io = int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
+    return (pkg.model_path.stat().st_size + io) / 2**20
+
+
+@dataclass
+class Probation:
+    version: int
+    since_mono: float
+    baseline_ms: float | None
+    start_batches: int  # the model's batch count when probation began (0 after a flip)
+
+
+class ModelManager:
+    """Owns which model serves: swaps, rollbacks and the probation verdict. One swap at a time."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        store: Store | None,
+        loop: InferenceLoop,
+        package: Package,
+        boot_id: str,
+        open_backend: Callable[[Package], Backend],
+        event: Callable[[dict[str, Any]], None],
+        publish_state: Callable[[dict[str, Any]], None],
+        rss_mb: Callable[[], float],
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.loop = loop
+        self.package = package
+        self.boot_id = boot_id
+        self._open_backend = open_backend
+        self._event = event
+        self._publish_state = publish_state
+        self._rss_mb = rss_mb
+        self._lock = threading.Lock()
+        self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swap")
+        self.probation: Probation | None = None
+        self.last: dict[str, Any] = {}  # the last swap outcome, for …/model/state
+        self.swaps = 0
+        self.last_gap_ms = 0.0
+        m = package.manifest
+        if store is not None and store.state(m.name).pending == m.version:
+            baseline = store.state(m.name).baseline_infer_ms
+            self.probation = Probation(m.version, time.monotonic(), baseline, 0)
+
+    @property
+    def active(self) -> ActiveModel:
+        a = self.loop.active
+        assert a is not None, "no model: a stop-the-world swap is in progress"
+        return a
+
+    # ---- loading ---------------------------------------------------------------------------
+    def open_candidate(self, pkg: Package) -> ActiveModel:
+        """Load, check I/O, build the decoder, warm up and run the golden check; close it on any failure."""
+        cur = self.package.manifest.input
+        if pkg.manifest.input != cur:
+            raise SwapError(
+                f"{pkg.ref} changes the input spec (shape {pkg.manifest.input.shape}, layout "
+                f"{pkg.manifest.input.layout}; running: shape {cur.shape}, layout {cur.layout}). The cameras' "
+                "buffers are sized for the running one, so this version applies at the next start: "
+                "`edged model install` it and restart the daemon",
+                code="input_changed",
+            )
+        backend = self._open_backend(pkg)
+        try:
+            check_io(pkg, backend)
+            shapes = {o.name: o.shape for o in backend.outputs}
+            m = pkg.manifest
+            decoder = build_decoder(m.decoder, m.input, m.labels, shapes)
+            warm_up(backend, m.input, max(1, self.cfg.inference.warmup_batches))
+            checked = golden_check(pkg, backend)
+            if checked:
+                logger.info("%s: %s", pkg.ref, checked)
+        except BaseException:
+            backend.close()
+            raise
+        return ActiveModel(backend, decoder, m.name, m.version)
+
+    # ---- swaps -----------------------------------------------------------------------------
+    def install_staged(self, stage: Path, transfer: str | None = None) -> dict[str, Any]:
+        """A verified staged package (store.stage) becomes the serving model, on probation."""
+        if self.store is None:
+            raise SwapError("this daemon runs model.package, not the store (model.name): nothing to install into")
+        with self._lock:
+            pkg = verify_folder(stage)
+            m = pkg.manifest
+            if m.name != self.package.manifest.name:
+                raise SwapError(
+                    f"{pkg.ref} is not the model this daemon serves ({self.package.manifest.name})", code="other_model"
+                )
+            try:
+                mode, gap_ms = self._load_and_flip(pkg, stage)
+            except EdgedError as exc:
+                if exc.code in ("golden_mismatch", "golden_invalid", "model_load_failed", "decoder_mismatch"):
+                    self.store.mark_bad(m.name, m.version)
+                self._outcome("model_rejected", pkg.ref, code=exc.code, error=str(exc), transfer=transfer)
+                raise
+            return {"model": {"name": m.name, "version": m.version}, "mode": mode, "gap_ms": round(gap_ms, 1)}
+
+    def _load_and_flip(self, pkg: Package, stage: Path) -> tuple[str, float]:
+        assert self.store is not None
+        m = pkg.manifest
+        old_pkg = self.package
+        current = self.active
+        baseline = current.infer_ms.percentiles((50,)).get("p50")
+        mode = plan_swap(
+            current.backend.memory_bytes / 2**20, estimate_mb(pkg), self._rss_mb(), self.cfg.memory.budget_mb
+        )
+        logger.info("swap %s -> %s: %s", old_pkg.ref, pkg.ref, mode.replace("_", "-"))
+        t0 = time.monotonic()
+        if mode == "side_by_side":
+            new = self.open_candidate(pkg)  # the old model keeps serving meanwhile
+            crash_at_env_step("swap_loaded")
+            self.store.activate(m.name, m.version, stage, baseline)
+            self._probation_start(m.name)
+            t_flip = time.monotonic()
+            old = self.loop.flip(new)
+            gap_ms = (time.monotonic() - t_flip) * 1000.0
+        else:
+            old = self.loop.flip(None)  # held: no batch runs until the next flip
+            if old is not None:
+                old.backend.close()
+            try:
+                new = self.open_candidate(pkg)
+            except BaseException:
+                logger.error("swap to %s failed; loading %s again", pkg.ref, old_pkg.ref)
+                self.loop.flip(self.open_candidate(old_pkg))
+                raise
+            crash_at_env_step("swap_loaded")
+            self.store.activate(m.name, m.version, stage, baseline)
+            self._probation_start(m.name)
+            self.loop.flip(new)
+            gap_ms = (time.monotonic() - t0) * 1000.0
+        crash_at_env_step("swap_flipped")
+        if mode == "side_by_side" and old is not None:
+            old.backend.close()
+        self.package = verify_folder(self.store.root / m.name / "versions" / str(m.version))
+        self.probation = Probation(m.version, time.monotonic(), baseline, 0)
+        self.swaps += 1
+        self.last_gap_ms = gap_ms
+        self._outcome("model_activated", pkg.ref, previous=old_pkg.manifest.version, mode=mode)
+        return mode, gap_ms
+
+    def _probation_start(self, name: str) -> None:
+        assert self.store is not None
+        self.store.probation_run(name, self.boot_id)
+
+    def apply_store_current(self) -> dict[str, Any] | None:
+        """After `edged model install` (then a reload): serve the store's `current` if it is not what runs.
+        A version that fails to load is rolled back in the store and marked bad."""
+        if self.store is None:
+            return None
+        name = self.package.manifest.name
+        with self._lock:
+            cur = self.store.pointer(name, "current")
+            if cur is None or cur == self.active.version:
+                return None
+            pkg = self.store.current(name)
+            try:
+                new = self.open_candidate(pkg)
+            except EdgedError as exc:
+                self.store.rollback(name)
+                self._outcome("model_rejected", pkg.ref, code=exc.code, error=str(exc))
+                raise
+            self._probation_start(name)
+            old = self.loop.flip(new)
+            if old is not None:
+                old.backend.close()
+            self.package = pkg
+            self.probation = Probation(
+                pkg.manifest.version, time.monotonic(), self.store.state(name).baseline_infer_ms, 0
+            )
+            self._outcome("model_activated", pkg.ref, previous=old.version if old else None, mode="reload")
+            return {"model": {"name": name, "version": pkg.manifest.version}}
+
+    def rollback(self, reason: str, code: str = "rolled_back") -> dict[str, Any]:
+        """Roll the store back to `previous` (marking the current version bad) and serve that."""
+        if self.store is None:
+            raise SwapError("this daemon runs model.package, not the store: nothing to roll back to")
+        name = self.package.manifest.name
+        with self._lock:
+            was, now = self.store.rollback(name, reason)
+            prev = self.store.current(name)
+            new = self.open_candidate(prev)
+            old = self.loop.flip(new)
+            if old is not None:
+                old.backend.close()
+            self.package = prev
+            self.probation = None
+            logger.warning("model %s@%d rolled back to %d: %s", name, was, now, reason)
+            self._outcome("model_rolled_back", f"{name}@{was}", to=now, reason=reason, code=code)
+            return {"from": was, "to": now, "reason": reason}
+
+    # ---- probation -------------------------------------------------------------------------
+    def check_probation(self, now: float) -> None:
+        """Called by the main loop: commit, start a rollback, or wait."""
+        p = self.probation
+        if p is None or self.store is None or self._lock.locked():
+            return
+        a = self.loop.active
+        if a is None or a.version != p.version:
+            return
+        cfg = self.cfg.model
+        verdict = ""
+        if a.errors:
+            verdict = f"{a.errors} inference/decoding error(s) on probation"
+        elif p.baseline_ms and cfg.probation_latency_ratio and a.batches >= LATENCY_MIN_BATCHES:
+            median = a.infer_ms.percentiles((50,)).get("p50", 0.0)
+            if median > p.baseline_ms * cfg.probation_latency_ratio:
+                verdict = (
+                    f"latency regression: median batch {median:.1f} ms vs {p.baseline_ms:.1f} ms before "
+                    f"(over x{cfg.probation_latency_ratio:g})"
+                )
+        if verdict:
+            self.probation = None
+            self.submit(self.rollback, verdict, "probation_failed")
+            return
+        if now - p.since_mono < cfg.probation_s or a.batches < cfg.probation_batches:
+            return
+        self.probation = None
+        name = self.package.manifest.name
+        if self.store.state(name).pending != p.version:  # installed over or rolled back meanwhile
+            return
+        self.store.commit(name)
+        logger.info(
+            "model %s passed probation (%d batches, %.0f s, no errors): committed",
+            a.ref,
+            a.batches,
+            now - p.since_mono,
+        )
+        self._outcome("model_committed", a.ref)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run a swap off the caller's thread (the main loop must keep ticking the watchdog)."""
+
+        def logged() -> Any:
+            try:
+                return fn(*args)
+            except Exception:
+                logger.exception("model swap job failed")
+                raise
+
+        return self._jobs.submit(logged)
+
+    def close(self) -> None:
+        self._jobs.shutdown(wait=True, cancel_futures=True)
+        if self.store is not None and self.probation is not None:
+            self.store.probation_run(self.package.manifest.name, None)  # a clean stop is not a crash
+
+    # ---- reporting -------------------------------------------------------------------------
+    def _outcome(self, kind: str, ref: str, **fields: Any) -> None:
+        name, _, version = ref.rpartition("@")
+        doc = {"type": kind, "model": {"name": name, "version": int(version)}, **fields}
+        doc = {k: v for k, v in doc.items() if v is not None}
+        self.last = {k: v for k, v in doc.items()}
+        self._event(doc)
+        self.publish_state()
+
+    def state_doc(self) -> dict[str, Any]:
+        m = self.package.manifest
+        doc: dict[str, Any] = {"schema": MODEL_STATE_SCHEMA, "name": m.name, "active": m.version}
+        if self.store is not None:
+            st = self.store.state(m.name)
+            doc.update(
+                previous=self.store.pointer(m.name, "previous"),
+                highest_accepted=st.highest_accepted,
+                bad=sorted(st.bad),
+                versions=self.store.versions(m.name),
+            )
+        p = self.probation
+        a = self.loop.active
+        if p is not None:
+            doc["probation"] = {
+                "version": p.version,
+                "elapsed_s": round(time.monotonic() - p.since_mono, 1),
+                "batches": a.batches if a is not None and a.version == p.version else 0,
+                "needs_s": self.cfg.model.probation_s,
+                "needs_batches": self.cfg.model.probation_batches,
+                "baseline_infer_ms": p.baseline_ms,
+            }
+        else:
+            doc["probation"] = None
+        if self.last:
+            doc["last"] = self.last
+        return doc
+
+    def publish_state(self) -> None:
+        self._publish_state(self.state_doc())
