@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -297,31 +297,42 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str], path: Path) -> N
 _VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 
 
-def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Config:
-    """Paths: ~ and $VARIABLES expanded (``${CREDENTIALS_DIRECTORY}/mqtt_password`` under systemd's
-    LoadCredential=), then taken relative to the config file's folder."""
+def load_mqtt_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> MqttConfig:
+    """Only the `mqtt` section of a config file (what `edged push` needs; a device config will do, and so
+    does a file holding nothing but an `mqtt:` section). Paths resolve as in load_config."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    section = raw.get("mqtt", {}) if isinstance(raw, dict) else None
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: mqtt: must be a mapping")
+    try:
+        mqtt = MqttConfig.model_validate(section)
+    except ValidationError as exc:
+        raise ConfigError(
+            f"{path}: " + "; ".join(_describe({**e, "loc": ("mqtt", *e["loc"])}) for e in exc.errors())
+        ) from exc
+    return _resolve_mqtt(mqtt, _path_fixer(path, os.environ if environ is None else environ))
 
-    base = path.parent
 
-    def fix(p: Path | None) -> Path | None:
-        if p is None:
-            return None
-        expanded = _VAR.sub(lambda m: environ.get(m.group(1) or m.group(2), m.group(0)), str(p))
-        if "$" in expanded:
-            raise ConfigError(
-                f"{path}: path {str(p)!r} names an environment variable that is not set "
-                "(CREDENTIALS_DIRECTORY is set only under systemd with LoadCredential=)"
-            )
-        p = Path(expanded).expanduser()
-        return p if p.is_absolute() else (base / p)
-
-    mqtt = cfg.mqtt
+def _resolve_mqtt(mqtt: MqttConfig, fix: Callable[[Path | None], Path | None]) -> MqttConfig:
     tls = mqtt.tls
     if tls is not None:
         tls = tls.model_copy(
             update={"ca_file": fix(tls.ca_file), "cert_file": fix(tls.cert_file), "key_file": fix(tls.key_file)}
         )
-    mqtt = mqtt.model_copy(update={"tls": tls, "password_file": fix(mqtt.password_file)})
+    return mqtt.model_copy(update={"tls": tls, "password_file": fix(mqtt.password_file)})
+
+
+def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Config:
+    """Paths: ~ and $VARIABLES expanded (``${CREDENTIALS_DIRECTORY}/mqtt_password`` under systemd's
+    LoadCredential=), then taken relative to the config file's folder."""
+    fix = _path_fixer(path, environ)
+    mqtt = _resolve_mqtt(cfg.mqtt, fix)
     model = cfg.model.model_copy(update={"package": fix(cfg.model.package), "keys_dir": fix(cfg.model.keys_dir)})
     governor = cfg.governor.model_copy(update={"sysfs_root": fix(cfg.governor.sysfs_root)})
     cameras = [
@@ -337,3 +348,21 @@ def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Confi
             "governor": governor,
         }
     )
+
+
+def _path_fixer(path: Path, environ: Mapping[str, str]) -> Callable[[Path | None], Path | None]:
+    base = path.parent
+
+    def fix(p: Path | None) -> Path | None:
+        if p is None:
+            return None
+        expanded = _VAR.sub(lambda m: environ.get(m.group(1) or m.group(2), m.group(0)), str(p))
+        if "$" in expanded:
+            raise ConfigError(
+                f"{path}: path {str(p)!r} names an environment variable that is not set "
+                "(CREDENTIALS_DIRECTORY is set only under systemd with LoadCredential=)"
+            )
+        p = Path(expanded).expanduser()
+        return p if p.is_absolute() else (base / p)
+
+    return fix

@@ -22,6 +22,8 @@ def run(args: argparse.Namespace) -> int:
         return _pack(args)
     if verb == "sign":
         return _sign(args)
+    if verb == "golden":
+        return _golden(args)
     from edged.daemon.config import load_config
 
     cfg = load_config(args.config)
@@ -63,6 +65,51 @@ def _pack(args: argparse.Namespace) -> int:
     sig = load_signing_key(args.key).sign(pkg.manifest_bytes) if args.key else None
     pack_tar(pkg, args.out, sig)
     print(f"pack: {pkg.ref} -> {args.out}" + (" (signed)" if sig else " (unsigned: devices refuse it until signed)"))
+    return 0
+
+
+def _golden(args: argparse.Namespace) -> int:
+    import cv2
+    import numpy as np
+
+    from edged.daemon.backend import OnnxRuntimeBackend
+    from edged.daemon.preprocess import Preprocessor
+    from edged.models.package import write_package
+
+    pkg = verify_folder(args.folder)
+    m = pkg.manifest
+    if m.kind != "onnx":
+        raise PackageError(f"{pkg.ref}: golden pairs are made here for ONNX packages; make an engine's on a device")
+    frame = cv2.imread(str(args.image), cv2.IMREAD_COLOR)
+    if frame is None:
+        raise PackageError(f"{args.image}: not an image OpenCV can read", code="not_found")
+    pre = Preprocessor(m.input)
+    row = pre.new_row()
+    pre.run(frame, row)
+    batch = np.ascontiguousarray(np.broadcast_to(row, m.input.shape), dtype=m.input.dtype)
+    with OnnxRuntimeBackend(pkg.model_path, threads=1) as backend:
+        outputs = backend.infer({m.input.name: batch})
+    with open(args.folder / "golden_input.npy", "wb") as f:
+        np.save(f, batch, allow_pickle=False)
+    with open(args.folder / "golden_output.npz", "wb") as f:
+        np.savez(f, **outputs)  # type: ignore[arg-type]
+    fields = m.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
+    fields["golden"] = {
+        "input": "golden_input.npy",
+        "output": "golden_output.npz",
+        "atol": args.atol,
+        "rtol": args.rtol,
+    }
+    files = {name: args.folder / name for name in m.files} | {
+        "golden_input.npy": args.folder / "golden_input.npy",
+        "golden_output.npz": args.folder / "golden_output.npz",
+    }
+    (args.folder / SIG_FILE).unlink(missing_ok=True)  # the manifest changes: its old signature would not verify
+    new = write_package(args.folder, fields, files)
+    print(
+        f"golden: {new.ref}: {len(outputs)} outputs for {args.image.name} (atol {args.atol:g}, rtol {args.rtol:g}); "
+        "sign the package again"
+    )
     return 0
 
 

@@ -1,0 +1,359 @@
+"""``edged push PKG --device ID …``: the operator's side of the over-the-air transfer (DESIGN §6).
+
+It offers the signed manifest on each device's ``cmd/ota``, serves the chunks each device asks for on
+``…/ota/req`` (from a verified local copy of the package), and follows ``…/ota/status`` and the
+retained ``…/model/state`` until every device has an outcome. Nothing but the broker is involved.
+
+A group (``--group G``) is the devices whose retained ``…/status`` lists G among its groups; offline
+ones are reported and skipped. ``--canary N`` pushes to N devices first and waits until they commit
+(probation passed); if any of them rejects, fails or rolls back, the rest are left untouched.
+
+Exit status: 0 when every device succeeded, 1 when any did not (each is reported), 2 for usage.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from edged.daemon.config import MqttConfig
+from edged.daemon.ota import pack_chunk
+from edged.daemon.publish import make_client
+from edged.errors import EdgedError, PublishError
+from edged.models.package import Manifest, open_package
+from edged.models.store import read_head
+
+MAX_CHUNK = 4 << 20  # the most a device may ask for at once
+DONE_OK = {"probation": "swap", "committed": "commit", "unchanged": "swap"}
+DONE_BAD = ("rejected", "failed", "rolled_back", "timed_out", "skipped", "offline")
+
+Wait = Literal["swap", "commit"]
+
+
+@dataclass
+class Device:
+    id: str
+    state: str = "offered"
+    bytes: int = 0
+    total: int = 0
+    error: str = ""
+    served: int = 0
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+    active: bool = False  # in the wave being pushed now
+
+    def finish(self, state: str, error: str = "") -> None:
+        if self.ended is None:
+            self.state, self.error, self.ended = state, error, time.monotonic()
+
+    def ok(self, wait: Wait) -> bool:
+        return self.state == "committed" or self.state == "unchanged" or (wait == "swap" and self.state == "probation")
+
+
+class Pusher:
+    def __init__(self, mqtt_cfg: MqttConfig, package: Path, out: TextIO = sys.stderr) -> None:
+        self.prefix = mqtt_cfg.topic_prefix
+        self.out = out
+        self.manifest_bytes, self.sig_bytes = read_head(package)
+        self._tmp = Path(tempfile.mkdtemp(prefix="edged-push-"))
+        pkg = open_package(package, scratch=self._tmp)  # sizes and hashes: never serve a corrupt copy
+        self.manifest: Manifest = pkg.manifest
+        self.files = {name: pkg.root / name for name in pkg.manifest.files}
+        self.total = sum(e.size for e in pkg.manifest.files.values())
+        self.transfer = uuid.uuid4().hex[:16]
+        self.reply_topic = f"{self.prefix}/_push/{self.transfer}/reply"
+        self.devices: dict[str, Device] = {}
+        self._lock = threading.Lock()
+        self._subs: list[str] = [self.reply_topic]
+        self._statuses: dict[str, dict[str, Any]] = {}
+        self._connected = threading.Event()
+        self.client = make_client(mqtt_cfg, f"edged-push-{self.transfer}")
+        self.client.max_queued_messages_set(0)
+        self.client.reconnect_delay_set(1, 5)
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = lambda *a: self._connected.clear()
+        self.client.on_message = self._on_message
+        self.host, self.port = mqtt_cfg.host, mqtt_cfg.port
+
+    @property
+    def ref(self) -> str:
+        return f"{self.manifest.name}@{self.manifest.version}"
+
+    # ---- connection ------------------------------------------------------------------------
+    def connect(self, timeout_s: float = 15.0) -> None:
+        try:
+            self.client.connect(self.host, self.port, keepalive=30)
+        except OSError as exc:
+            raise PublishError(f"cannot reach the broker at {self.host}:{self.port}: {exc}") from exc
+        self.client.loop_start()
+        if not self._connected.wait(timeout_s):
+            raise PublishError(f"the broker at {self.host}:{self.port} did not accept us within {timeout_s:.0f} s")
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
+        if getattr(rc, "is_failure", False):
+            return
+        for topic in list(self._subs):  # again after every reconnect (a broker restart forgets them)
+            client.subscribe(topic, qos=1)
+        self._connected.set()
+
+    def _subscribe(self, topic: str) -> None:
+        self._subs.append(topic)
+        self.client.subscribe(topic, qos=1)
+
+    # ---- discovery -------------------------------------------------------------------------
+    def discover(self, group: str, wait_s: float) -> tuple[list[str], list[str]]:
+        """Devices whose retained status lists `group`: (online, offline)."""
+        self._subscribe(f"{self.prefix}/+/status")
+        time.sleep(wait_s)
+        online: list[str] = []
+        offline: list[str] = []
+        with self._lock:
+            for dev, doc in sorted(self._statuses.items()):
+                if group in (doc.get("groups") or []):
+                    (online if doc.get("state") == "online" else offline).append(dev)
+        return online, offline
+
+    # ---- the push --------------------------------------------------------------------------
+    def push(self, ids: list[str], wait: Wait, timeout_s: float) -> list[Device]:
+        wave = []
+        for dev in ids:
+            d = self.devices.setdefault(dev, Device(dev, total=self.total))
+            d.active = True
+            wave.append(d)
+            for suffix in ("ota/req", "ota/status", "model/state"):
+                self._subscribe(f"{self.prefix}/{dev}/{suffix}")
+        time.sleep(0.2)  # our subscriptions are in place before any device answers
+        offer = json.dumps(
+            {
+                "transfer": self.transfer,
+                "manifest": base64.b64encode(self.manifest_bytes).decode(),
+                "sig": base64.b64encode(self.sig_bytes).decode(),
+            }
+        ).encode()
+        for d in wave:
+            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            props.ResponseTopic = self.reply_topic
+            props.CorrelationData = d.id.encode()
+            self.client.publish(f"{self.prefix}/{d.id}/cmd/ota", offer, qos=1, properties=props)
+        deadline = time.monotonic() + timeout_s
+        progress = Progress(self.out, wave)
+        while True:
+            with self._lock:
+                pending = [d for d in wave if d.ended is None and not (wait == "swap" and d.ok(wait))]
+            progress.draw()
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                for d in pending:
+                    d.finish("timed_out", f"no outcome within {timeout_s:.0f} s (last state: {d.state})")
+                break
+            time.sleep(0.2)
+        progress.draw(final=True)
+        for d in wave:
+            d.active = False
+            if d.ended is None:
+                d.finish(d.state)
+        return wave
+
+    # ---- messages (paho's thread) ----------------------------------------------------------
+    def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        try:
+            self._handle(msg)
+        except Exception as exc:  # never into paho
+            print(f"push: bad message on {msg.topic}: {exc}", file=self.out)
+
+    def _handle(self, msg: mqtt.MQTTMessage) -> None:
+        topic = msg.topic
+        if topic == self.reply_topic:
+            corr = getattr(msg.properties, "CorrelationData", b"") or b""
+            return self._on_reply(corr.decode(errors="replace"), json.loads(msg.payload))
+        parts = topic[len(self.prefix) + 1 :].split("/")
+        dev, suffix = parts[0], "/".join(parts[1:])
+        if suffix == "status":
+            if msg.payload:
+                with self._lock:
+                    self._statuses[dev] = json.loads(msg.payload)
+            return
+        d = self.devices.get(dev)
+        if d is None or not d.active or not msg.payload:
+            return
+        doc = json.loads(msg.payload)
+        if suffix == "ota/req":
+            self._serve(d, doc)
+        elif suffix == "ota/status" and doc.get("transfer") == self.transfer:
+            self._on_status(d, doc)
+        elif suffix == "model/state":
+            self._on_model_state(d, doc)
+
+    def _on_reply(self, dev: str, doc: dict[str, Any]) -> None:
+        d = self.devices.get(dev)
+        if d is None:
+            return
+        with self._lock:
+            if not doc.get("ok"):
+                err = doc.get("error") or {}
+                d.finish("rejected", f"{err.get('code', '?')}: {err.get('message', '')}")
+            elif (doc.get("result") or {}).get("state") == "unchanged":
+                d.bytes = 0
+                d.finish("unchanged", "already current")
+            elif d.state == "offered":
+                d.state = "accepted"
+
+    def _serve(self, d: Device, doc: dict[str, Any]) -> None:
+        if doc.get("transfer") != self.transfer:
+            return
+        name, offset, length = str(doc.get("file")), int(doc.get("offset", -1)), int(doc.get("length", 0))
+        entry = self.manifest.files.get(name)
+        if entry is None or offset < 0 or length <= 0 or length > MAX_CHUNK or offset + length > entry.size:
+            return  # a device only asks inside the declared sizes; anything else is not ours to answer
+        with open(self.files[name], "rb") as f:
+            f.seek(offset)
+            data = f.read(length)
+        header = {"transfer": self.transfer, "file": name, "offset": offset}
+        self.client.publish(f"{self.prefix}/{d.id}/ota/data", pack_chunk(header, data), qos=0)
+        d.served += len(data)
+
+    def _on_status(self, d: Device, doc: dict[str, Any]) -> None:
+        with self._lock:
+            state = str(doc.get("state"))
+            if isinstance(doc.get("bytes"), int):
+                d.bytes = doc["bytes"]
+            if state in ("rejected", "failed"):
+                err = doc.get("error") or {}
+                d.finish(state, f"{err.get('code', '?')}: {err.get('message', '')}")
+            elif state == "unchanged":
+                d.finish(state, "already current")
+            elif d.ended is None and d.state not in ("committed", "rolled_back"):
+                d.state = state
+
+    def _on_model_state(self, d: Device, doc: dict[str, Any]) -> None:
+        """After the swap: the retained model state says whether probation passed or rolled back."""
+        if doc.get("name") != self.manifest.name or d.state != "probation":
+            return
+        v = self.manifest.version
+        with self._lock:
+            if v in (doc.get("bad") or []):
+                last = doc.get("last") or {}
+                d.finish("rolled_back", str(last.get("reason", "rolled back on the device")))
+            elif doc.get("active") == v and doc.get("probation") is None:
+                d.finish("committed")
+
+
+class Progress:
+    """One line per device: a bar, bytes, state. Redrawn in place on a terminal, else printed on changes."""
+
+    def __init__(self, out: TextIO, devices: list[Device]) -> None:
+        self.out = out
+        self.devices = devices
+        self.tty = out.isatty()
+        self._drawn = 0
+        self._last: dict[str, tuple[str, int]] = {}
+        self._next_draw = 0.0
+
+    def line(self, d: Device) -> str:
+        frac = min(1.0, d.bytes / d.total) if d.total else 1.0
+        bar = "#" * int(frac * 24) + "-" * (24 - int(frac * 24))
+        text = f"{d.id:<20} [{bar}] {frac * 100:5.1f}%  {d.bytes / 2**20:6.1f}/{d.total / 2**20:.1f} MiB  {d.state}"
+        return text + (f" ({d.error})" if d.error and d.state not in ("committed", "probation") else "")
+
+    def draw(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now < self._next_draw:
+            return
+        self._next_draw = now + (0.2 if self.tty else 0.0)
+        if self.tty:
+            if self._drawn:
+                self.out.write(f"\x1b[{self._drawn}F")
+            for d in self.devices:
+                self.out.write("\x1b[2K" + self.line(d) + "\n")
+            self._drawn = len(self.devices)
+        else:  # a log: a line when a device's state changes or another quarter of it arrived
+            for d in self.devices:
+                key = (d.state, int(4 * d.bytes / d.total) if d.total else 4)
+                if self._last.get(d.id) != key:
+                    self._last[d.id] = key
+                    self.out.write(self.line(d) + "\n")
+        self.out.flush()
+
+
+def run_push(
+    mqtt_cfg: MqttConfig,
+    package: Path,
+    devices: list[str],
+    group: str | None,
+    canary: int,
+    wait: Wait,
+    timeout_s: float,
+    discover_s: float = 2.0,
+    out: TextIO = sys.stderr,
+) -> int:
+    pusher = Pusher(mqtt_cfg, package, out)
+    print(
+        f"push: {pusher.ref} ({pusher.total / 2**20:.1f} MiB, transfer {pusher.transfer}) via "
+        f"{mqtt_cfg.host}:{mqtt_cfg.port}",
+        file=out,
+    )
+    try:
+        pusher.connect()
+        targets = list(dict.fromkeys(devices))
+        offline: list[str] = []
+        if group is not None:
+            online, offline = pusher.discover(group, discover_s)
+            print(f"push: group {group!r}: {len(online)} online, {len(offline)} offline", file=out)
+            targets += [d for d in online if d not in targets]
+        if not targets:
+            raise EdgedError("no device to push to (no --device, and no online device in the group)", code="no_devices")
+        for dev in offline:
+            pusher.devices[dev] = Device(dev, total=pusher.total)
+            pusher.devices[dev].finish("offline", "its retained status says it is offline; skipped")
+        t0 = time.monotonic()
+        waves = [targets[:canary], targets[canary:]] if 0 < canary < len(targets) else [targets]
+        for i, wave in enumerate(waves):
+            is_canary = len(waves) == 2 and i == 0
+            if is_canary:
+                print(f"push: canary wave: {', '.join(wave)} (waiting for them to commit)", file=out)
+            elif len(waves) == 2:
+                print(f"push: canaries committed; the rest: {len(wave)} device(s)", file=out)
+            done = pusher.push(wave, "commit" if is_canary else wait, timeout_s)
+            failed = [d for d in done if not d.ok("commit" if is_canary else wait)]
+            if is_canary and failed:
+                for dev in waves[1]:
+                    pusher.devices[dev] = Device(dev, total=pusher.total)
+                    pusher.devices[dev].finish("skipped", f"canary {failed[0].id} {failed[0].state}; left untouched")
+                break
+        seconds = time.monotonic() - t0
+        return report(pusher, wait, seconds, out)
+    finally:
+        pusher.close()
+
+
+def report(pusher: Pusher, wait: Wait, seconds: float, out: TextIO) -> int:
+    devs = list(pusher.devices.values())
+    ok = [d for d in devs if d.ok(wait)]
+    print(f"push: {pusher.ref}: {len(ok)} of {len(devs)} device(s) succeeded in {seconds:.1f} s", file=out)
+    for d in devs:
+        took = f"{d.ended - d.started:6.1f} s" if d.ended else "      -"
+        mark = "ok  " if d.ok(wait) else "FAIL"
+        print(f"  {mark} {d.id:<20} {d.state:<11} {took}  {d.error}".rstrip(), file=out)
+    served = sum(d.served for d in devs)
+    if served and seconds > 0:
+        print(f"push: served {served / 2**20:.1f} MiB, {served / 2**20 / seconds:.1f} MiB/s overall", file=out)
+    return 0 if len(ok) == len(devs) else 1

@@ -1,0 +1,349 @@
+"""Over-the-air push and hot swap, end to end: real mosquitto, real daemons (processes) running ONNX
+Runtime on the demo video, the real `edged push` CLI, real SIGKILLs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from edged.daemon.swap import SWAP_STEPS
+from edged.models.demo import DemoAssets
+from edged.models.package import pack_tar, verify_folder, write_package
+from edged.models.signing import SigningKey, generate_key, load_signing_key
+from edged.models.store import INSTALL_STEPS
+from tests.conftest import REPO, Broker, DaemonProc, base_config, edged_cli, wait_until, write_config
+
+MODEL = "blazeface-back"
+
+
+@pytest.fixture
+def signer(tmp_path: Path) -> SigningKey:
+    key_path, pub = generate_key(tmp_path / "signer")
+    (tmp_path / "trusted").mkdir()
+    (tmp_path / "trusted" / pub.name).write_text(pub.read_text())
+    return load_signing_key(key_path)
+
+
+def build(demo: DemoAssets, tmp: Path, key: SigningKey, version: int, model: Path | None = None, **extra: Any) -> Path:
+    """A signed tar of the demo BlazeFace as `version` (another model file, extra files or fields on request)."""
+    src = demo.packages[MODEL]
+    folder = tmp / f"pkg-{version}-{time.monotonic_ns()}"
+    fields = src.manifest.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
+    files = {"model.onnx": model or src.model_path, "labels.txt": src.root / "labels.txt"}
+    files.update(extra.pop("files", {}))
+    fields.update(version=version, **extra)
+    pkg = write_package(folder, fields, files)
+    return pack_tar(pkg, tmp / f"{folder.name}.tar", key.sign(pkg.manifest_bytes))
+
+
+def device_doc(broker: Broker, demo: DemoAssets, tmp: Path, device: str, **model: Any) -> dict[str, Any]:
+    cams = [{"name": "lobby", "uri": f"file://{demo.video}", "loop": True, "fps_max": 10}]
+    doc = base_config(broker, demo, tmp, cams, device_id=device, state_dir=str(tmp / device))
+    doc["model"] = {
+        "name": MODEL,
+        "keys_dir": str(tmp / "trusted"),
+        "probation_s": 600,
+        "probation_batches": 100000,
+        "onnxruntime": {"threads": 1},
+        **model,
+    }
+    doc["ota"] = {"chunk_kb": 64, "window": 4, "retry_s": 2}
+    doc["telemetry"] = {"interval_s": 5}
+    return doc
+
+
+def install(cfg: Path, tar: Path) -> None:
+    r = edged_cli("model", "install", str(tar), "-c", str(cfg))
+    assert r.returncode == 0, r.stderr
+
+
+def push(broker: Broker, tar: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return edged_cli(
+        "push", str(tar), "--host", broker.host, "--port", str(broker.port), "--timeout", "240", *args, timeout=timeout
+    )
+
+
+def start_push(broker: Broker, tar: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "edged", "push", str(tar), "--host", broker.host, "--port", str(broker.port), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
+
+
+def store_view(state: Path) -> dict[str, Any]:
+    r = edged_cli("model", "list", "--json", "-c", str(state.parent / f"{state.name}.yaml"))
+    assert r.returncode == 0, r.stderr
+    (m,) = json.loads(r.stdout)
+    return dict(m)
+
+
+def assert_consistent(state: Path, allowed: set[int], after_start: bool = True) -> int:
+    """Exactly one allowed version is current, nothing dangles, state.json parses; after a start (which
+    recovers the store) staging is clean too."""
+    d = state / "models" / MODEL
+    cur = d / "current"
+    assert cur.is_symlink() and cur.exists(), "current must resolve"
+    v = int(os.readlink(cur).split("/")[-1])
+    assert v in allowed
+    verify_folder(cur)
+    prev = d / "previous"
+    assert not prev.is_symlink() or prev.exists(), "previous dangles"
+    if after_start:
+        assert not (state / "staging").exists() or not any((state / "staging").iterdir()), "staging left dirty"
+    json.loads((d / "state.json").read_text())
+    assert not list(d.glob(".*.tmp"))
+    return v
+
+
+def serving(d: DaemonProc) -> DaemonProc:
+    wait_until(lambda: "serving 1 camera(s)" in d.output(), 60, "the daemon to serve")
+    return d
+
+
+def versions_in_order(sub: Any) -> list[int]:
+    docs = sorted(sub.results(), key=lambda r: (r["boot_id"], r["seq"]))
+    return [r["model"]["version"] for r in docs]
+
+
+def wait_results(sub: Any, version: int, n: int = 3, timeout: float = 60) -> None:
+    wait_until(
+        lambda: sum(1 for r in sub.results() if r["model"]["version"] == version) >= n,
+        timeout,
+        f"{n} results from version {version}",
+    )
+
+
+def test_push_hot_swaps_a_running_daemon_without_mixing_versions(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    doc = device_doc(broker, demo, tmp_path, "cam-01")
+    cfg = write_config(tmp_path / "cam-01.yaml", doc)
+    install(cfg, build(demo, tmp_path, signer, 1))
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(cfg)
+    wait_results(sub, 1)
+    v2 = build(demo, tmp_path, signer, 2)
+    r = push(broker, v2, "--device", "cam-01")
+    assert r.returncode == 0, r.stdout + r.stderr + d.output()
+    assert "1 of 1 device(s) succeeded" in r.stderr and "probation" in r.stderr
+    wait_results(sub, 2)
+    order = versions_in_order(sub)
+    first2 = order.index(2)
+    assert set(order[:first2]) == {1} and set(order[first2:]) == {2}, "results must flip once, never mix"
+    events = [m.json() for m in sub.on("events")]
+    activated = [e for e in events if e["type"] == "model_activated"]
+    assert activated and activated[-1]["model"] == {"name": MODEL, "version": 2}
+    assert activated[-1]["mode"] == "side_by_side"
+    state = [m.json() for m in sub.on("model/state") if m.payload][-1]
+    assert state["active"] == 2 and state["previous"] == 1 and state["probation"]["version"] == 2
+    # the same version again is a no-op; an older one is refused with its own code
+    r = push(broker, v2, "--device", "cam-01")
+    assert r.returncode == 0 and "unchanged" in r.stderr, r.stderr
+    r = push(broker, build(demo, tmp_path, signer, 1), "--device", "cam-01")
+    assert r.returncode == 1 and "older_version" in r.stderr, r.stderr
+    assert d.stop() == 0
+    assert assert_consistent(tmp_path / "cam-01", {2}) == 2
+
+
+def slow_variant(src: Path, out: Path, matmuls: int) -> Path:
+    """The same model and outputs plus dead weight: `matmuls` chained [B*256, 768] x [768, 768] products
+    whose sum is multiplied by zero and added to the first output. A real model that is just slower."""
+    m = onnx.load(str(src))
+    g = m.graph
+    x = g.input[0].name
+    first = g.output[0]
+    b = first.type.tensor_type.shape.dim[0].dim_value
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((768, 768)) * 0.01).astype(np.float32), "slow_w")
+    g.initializer.extend([w, numpy_helper.from_array(np.array([b * 256, 768], np.int64), "slow_shape")])
+    g.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), "slow_zero"))
+    nodes = [helper.make_node("Reshape", [x, "slow_shape"], ["slow_0"])]
+    for i in range(matmuls):
+        nodes.append(helper.make_node("MatMul", [f"slow_{i}", "slow_w"], [f"slow_{i + 1}"]))
+    nodes += [
+        helper.make_node("ReduceSum", [f"slow_{matmuls}"], ["slow_sum"], keepdims=0),
+        helper.make_node("Mul", ["slow_sum", "slow_zero"], ["slow_nothing"]),
+        helper.make_node("Add", [first.name, "slow_nothing"], ["slow_out"]),
+    ]
+    for node in g.node:  # the graph's own first output is renamed so the Add's result takes its name
+        node.output[:] = [f"{o}_inner" if o == first.name else o for o in node.output]
+    nodes[-1].input[0] = f"{first.name}_inner"
+    nodes[-1].output[0] = first.name
+    g.node.extend(nodes)
+    onnx.checker.check_model(m)
+    onnx.save(m, str(out))
+    return out
+
+
+def test_a_golden_mismatch_is_never_activated(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    cfg = write_config(tmp_path / "cam-01.yaml", device_doc(broker, demo, tmp_path, "cam-01"))
+    install(cfg, build(demo, tmp_path, signer, 1))
+    # a golden pair made from the real model, then the weights changed: it loads, but computes otherwise
+    src = demo.packages[MODEL]
+    folder = tmp_path / "golden"
+    write_package(
+        folder,
+        src.manifest.model_dump(by_alias=True, exclude={"files"}, exclude_none=True),
+        {"model.onnx": src.model_path, "labels.txt": src.root / "labels.txt"},
+    )
+    cap = cv2.VideoCapture(str(demo.video))
+    for _ in range(30):
+        ok, frame = cap.read()
+    cap.release()
+    assert ok and cv2.imwrite(str(tmp_path / "frame.png"), frame)
+    r = edged_cli("model", "golden", str(folder), "--image", str(tmp_path / "frame.png"))
+    assert r.returncode == 0, r.stderr
+    golden = json.loads((folder / "manifest.json").read_text())["golden"]
+    extra = {"golden_input.npy": folder / "golden_input.npy", "golden_output.npz": folder / "golden_output.npz"}
+    good = build(demo, tmp_path, signer, 2, files=extra, golden=golden)
+    m = onnx.load(str(src.model_path))
+    biggest = max(m.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+    arr = numpy_helper.to_array(biggest) * 1.5
+    biggest.CopyFrom(numpy_helper.from_array(arr.astype(np.float32), biggest.name))
+    onnx.save(m, str(tmp_path / "drifted.onnx"))
+    bad = build(demo, tmp_path, signer, 3, model=tmp_path / "drifted.onnx", files=extra, golden=golden)
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(cfg)
+    wait_results(sub, 1)
+    r = push(broker, bad, "--device", "cam-01")
+    assert r.returncode == 1 and "golden_mismatch" in r.stderr, r.stderr + d.output()
+    assert store_view(tmp_path / "cam-01")["current"] == 1 and 3 in store_view(tmp_path / "cam-01")["bad"]
+    n = len(sub.results())
+    wait_until(lambda: len(sub.results()) > n + 5, 30, "version 1 still serving")
+    assert {r["model"]["version"] for r in sub.results()} == {1}
+    rejected = [m.json() for m in sub.on("events") if m.json()["type"] == "model_rejected"]
+    assert rejected and rejected[0]["code"] == "golden_mismatch"
+    r = push(broker, good, "--device", "cam-01")  # the real model passes its golden check
+    assert r.returncode == 0, r.stderr + d.output()
+    assert "golden check passed" in d.output()
+    assert d.stop() == 0
+
+
+def test_ota_completes_across_a_20s_broker_outage_and_a_daemon_restart(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    doc = device_doc(broker, demo, tmp_path, "cam-01")
+    doc["ota"] = {"chunk_kb": 16, "window": 1, "retry_s": 2}  # slow enough to interrupt twice
+    cfg = write_config(tmp_path / "cam-01.yaml", doc)
+    install(cfg, build(demo, tmp_path, signer, 1))
+    payload = tmp_path / "calibration.bin"
+    payload.write_bytes(np.random.default_rng(1).integers(0, 256, 12 << 20, dtype=np.uint8).tobytes())
+    v2 = build(demo, tmp_path, signer, 2, files={"calibration.bin": payload})
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(cfg)
+    wait_results(sub, 1)
+
+    def fraction() -> float:
+        docs = [m.json() for m in sub.on("ota/status") if m.payload]
+        done = [x["bytes"] / x["total"] for x in docs if x.get("total")]
+        return max(done, default=0.0)
+
+    pusher = start_push(broker, v2, "--device", "cam-01", "--timeout", "300")
+    wait_until(lambda: fraction() > 0.1, 60, "10 % transferred")
+    broker.stop()
+    time.sleep(20)
+    broker.start()
+    sub.messages.clear()
+    wait_until(lambda: fraction() > 0.4, 120, "the transfer to go on after the outage")
+    at_kill = fraction()
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait(10)
+    d2 = start_daemon(cfg)
+    out, _ = pusher.communicate(timeout=300)
+    assert pusher.returncode == 0, out + d2.output()
+    assert "resuming transfer" in d2.output()
+    resumed_at = [x for x in (m.json() for m in sub.on("ota/status") if m.payload) if x["state"] == "accepted"]
+    assert (at_kill < 1.0 and not resumed_at) or resumed_at[-1]["bytes"] > 0
+    wait_results(sub, 2)
+    assert d2.stop() == 0
+    assert assert_consistent(tmp_path / "cam-01", {2}) == 2
+    installed = tmp_path / "cam-01" / "models" / MODEL / "current" / "calibration.bin"
+    assert installed.read_bytes() == payload.read_bytes()
+    assert not (tmp_path / "cam-01" / "ota").exists() or not any((tmp_path / "cam-01" / "ota").iterdir())
+
+
+@pytest.mark.parametrize("step", INSTALL_STEPS + SWAP_STEPS)
+def test_sigkill_at_every_step_of_an_ota_swap(
+    step: str, demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    cfg = write_config(tmp_path / "cam-01.yaml", device_doc(broker, demo, tmp_path, "cam-01"))
+    install(cfg, build(demo, tmp_path, signer, 1))
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(cfg, env={"EDGEDTEST_CRASH_AT": step})
+    wait_results(sub, 1)
+    pusher = start_push(broker, build(demo, tmp_path, signer, 2), "--device", "cam-01", "--timeout", "60")
+    assert d.proc.wait(60) == -signal.SIGKILL, d.output()
+    before = {r["boot_id"] for r in sub.results()}
+    pusher.kill()
+    pusher.communicate()
+    state = tmp_path / "cam-01"
+    assert_consistent(state, {1, 2}, after_start=False)  # right after the kill: exactly one of old/new
+    d2 = serving(start_daemon(cfg))
+
+    def fresh() -> list[int]:  # versions in the new run's results (the spool may still deliver the old run's)
+        docs = sorted((r for r in sub.results() if r["boot_id"] not in before), key=lambda r: r["seq"])
+        return [r["model"]["version"] for r in docs]
+
+    # the download had finished before every step: the restart finishes the install, whatever the step
+    wait_until(lambda: fresh().count(2) > 3, 90, "version 2 serving after the restart")
+    assert fresh() == sorted(fresh()), "one flip at most, never back and forth"
+    assert d2.stop() == 0
+    assert assert_consistent(state, {2}) == 2
+    assert not (state / "ota").exists() or not any((state / "ota").iterdir())
+
+
+def test_crashes_on_probation_roll_back_at_the_next_start(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    cfg = write_config(tmp_path / "cam-01.yaml", device_doc(broker, demo, tmp_path, "cam-01"))
+    install(cfg, build(demo, tmp_path, signer, 1))
+    install(cfg, build(demo, tmp_path, signer, 2))
+    sub = subscribe(broker, "edged/cam-01/#")
+    for _ in (1, 2):  # model.probation_max_crashes = 1: the second crash is one too many
+        serving(start_daemon(cfg)).stop(signal.SIGKILL)
+    d = start_daemon(cfg)
+    wait_results(sub, 1)
+    assert "crashed 2 times while blazeface-back@2 was on probation" in d.output()
+    rolled = [m.json() for m in sub.on("events") if m.json()["type"] == "model_rolled_back"]
+    assert rolled and rolled[0]["code"] == "probation_crashes" and rolled[0]["to"] == 1
+    assert d.stop() == 0
+    view = store_view(tmp_path / "cam-01")
+    assert (view["current"], view["bad"]) == (1, [2])
+    # a clean stop on probation is not a crash
+    install(cfg, build(demo, tmp_path, signer, 3))
+    for _ in range(3):
+        assert serving(start_daemon(cfg)).stop() == 0
+    assert store_view(tmp_path / "cam-01")["current"] == 3
+
+
+def test_reload_serves_a_version_installed_from_a_file(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    cfg = write_config(tmp_path / "cam-01.yaml", device_doc(broker, demo, tmp_path, "cam-01"))
+    install(cfg, build(demo, tmp_path, signer, 1))
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(cfg)
+    wait_results(sub, 1)
+    install(cfg, build(demo, tmp_path, signer, 2))
+    d.proc.send_signal(signal.SIGHUP)  # what `systemctl reload edged` sends
+    wait_results(sub, 2)
+    order = versions_in_order(sub)
+    assert order == sorted(order)
+    assert d.stop() == 0
