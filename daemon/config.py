@@ -88,7 +88,7 @@ class ModelConfig(_Strict):
     probation_s: float = Field(300.0, ge=0)  # a newly installed version is committed after this long ...
     probation_batches: int = Field(500, ge=0)  # ... and this many batches, with no inference errors
     probation_max_crashes: int = Field(1, ge=0, le=100)  # daemon crashes tolerated on probation; one more rolls back
-    probation_latency_ratio: float = Field(1.5, ge=0)  # median batch time over the old one's x this rolls back (0: off)
+    probation_latency_ratio: float = Field(2.0, ge=0)  # median batch time over the old one's x this rolls back (0: off)
     build_on_device: bool = False  # ONNX package + TensorRT here: build an engine once, cache it, run it
     build_precision: Literal["fp16", "int8", "fp32"] | None = None  # default: int8 for QDQ models, else fp16
 

@@ -315,7 +315,11 @@ class ModelManager:
         verdict = ""
         if a.errors:
             verdict = f"{a.errors} inference/decoding error(s) on probation"
-        elif p.baseline_ms and cfg.probation_latency_ratio and a.batches >= LATENCY_MIN_BATCHES:
+        elif (
+            p.baseline_ms
+            and cfg.probation_latency_ratio
+            and a.batches >= min(LATENCY_MIN_BATCHES, max(1, cfg.probation_batches))
+        ):  # judged no later than the commit could come
             median = a.infer_ms.percentiles((50,)).get("p50", 0.0)
             if median > p.baseline_ms * cfg.probation_latency_ratio:
                 verdict = (

@@ -22,6 +22,7 @@ import yaml
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edged.models.demo import DemoAssets, default_dir, fetch_demo
+from edged.models.signing import SigningKey, generate_key, load_signing_key
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -247,3 +248,12 @@ def edged_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 12
         env={**os.environ, **(env or {})},
         cwd=REPO,
     )
+
+
+@pytest.fixture
+def signer(tmp_path: Path) -> SigningKey:
+    """A signing key whose public half is the only one in tmp_path/trusted (a device's model.keys_dir)."""
+    key_path, pub = generate_key(tmp_path / "signer")
+    (tmp_path / "trusted").mkdir()
+    (tmp_path / "trusted" / pub.name).write_text(pub.read_text())
+    return load_signing_key(key_path)

@@ -21,19 +21,11 @@ from onnx import helper, numpy_helper
 from edged.daemon.swap import SWAP_STEPS
 from edged.models.demo import DemoAssets
 from edged.models.package import pack_tar, verify_folder, write_package
-from edged.models.signing import SigningKey, generate_key, load_signing_key
+from edged.models.signing import SigningKey
 from edged.models.store import INSTALL_STEPS
 from tests.conftest import REPO, Broker, DaemonProc, base_config, edged_cli, wait_until, write_config
 
 MODEL = "blazeface-back"
-
-
-@pytest.fixture
-def signer(tmp_path: Path) -> SigningKey:
-    key_path, pub = generate_key(tmp_path / "signer")
-    (tmp_path / "trusted").mkdir()
-    (tmp_path / "trusted" / pub.name).write_text(pub.read_text())
-    return load_signing_key(key_path)
 
 
 def build(demo: DemoAssets, tmp: Path, key: SigningKey, version: int, model: Path | None = None, **extra: Any) -> Path:
@@ -347,3 +339,46 @@ def test_reload_serves_a_version_installed_from_a_file(
     order = versions_in_order(sub)
     assert order == sorted(order)
     assert d.stop() == 0
+
+
+def test_fleet_push_to_ten_daemons_and_a_canary_that_rolls_back(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    ids = [f"dev-{i:02d}" for i in range(10)]
+    cfgs = {}
+    for dev in ids:
+        # 10 daemons share 2 cores here: batch times swing 1.6x under load, so the regression bar is 3x
+        doc = device_doc(broker, demo, tmp_path, dev, probation_s=4, probation_batches=10, probation_latency_ratio=3)
+        doc["cameras"][0]["fps_max"] = 5
+        doc["groups"] = ["fleet"]
+        cfgs[dev] = write_config(tmp_path / f"{dev}.yaml", doc)
+        install(cfgs[dev], build(demo, tmp_path, signer, 1))
+    sub = subscribe(broker, "edged/+/model/state")
+    daemons = [start_daemon(cfgs[dev]) for dev in ids]
+    for d in daemons:
+        serving(d)
+
+    def active(dev: str) -> int | None:
+        docs = [m.json() for m in sub.on(f"{dev}/model/state") if m.payload]
+        return docs[-1]["active"] if docs else None
+
+    # a staged push to the group: two canaries first, the rest once they have committed
+    r = push(broker, build(demo, tmp_path, signer, 2), "--group", "fleet", "--canary", "2")
+    assert r.returncode == 0, r.stderr
+    assert "group 'fleet': 10 online" in r.stderr and "10 of 10 device(s) succeeded" in r.stderr
+    assert all(f"ok   {dev}" in r.stderr for dev in ids), r.stderr
+    assert r.stderr.index("canaries committed") < r.stderr.index("10 of 10")
+    wait_until(lambda: all(active(dev) == 2 for dev in ids), 30, "every device on version 2")
+    # version 3 is correct but several times slower: the canary's probation rolls it back; nobody else gets it
+    slow = slow_variant(demo.packages[MODEL].model_path, tmp_path / "slow.onnx", matmuls=14)
+    r = push(broker, build(demo, tmp_path, signer, 3, model=slow), "--group", "fleet", "--canary", "1")
+    assert r.returncode == 1, r.stderr
+    assert "rolled_back" in r.stderr and "latency regression" in r.stderr, r.stderr
+    assert r.stderr.count("skipped") >= 9 and "0 of 10 device(s) succeeded" in r.stderr, r.stderr
+    wait_until(lambda: active(ids[0]) == 2, 30, "the canary back on version 2")
+    for d in daemons:
+        assert d.stop() == 0
+    for dev in ids:
+        view = store_view(tmp_path / dev)
+        assert view["current"] == 2, (dev, view)
+        assert view["versions"] == ([1, 2, 3] if dev == ids[0] else [1, 2])
