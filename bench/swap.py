@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Hot swap gap and OTA throughput, in one run, against a local mosquitto and a real daemon process.
+
+gap         a daemon serves the demo video (one camera, --fps frames/s, so one result per batch) from
+            the store; `edged push` swaps in a new version --swaps times. For each swap: the longest
+            gap between consecutive results around it, in batch intervals (the median gap between
+            results before it). Target: <= 2 intervals when both models fit (side by side).
+ota         `edged push` of a package carrying --mb MiB to the same daemon; throughput = bytes /
+            (first "downloading" -> "verifying" on the device's ota/status), median of --repeats.
+ceiling     the same bytes in the same chunk size published by one paho client to another through
+            the same broker (QoS 0): what MQTT itself does here. ratio = ota / ceiling.
+
+  python bench/swap.py [--swaps 5] [--mb 20] [--repeats 3] [--fps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import yaml
+from paho.mqtt.enums import CallbackAPIVersion
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from edged.models.demo import default_dir, fetch_demo  # noqa: E402
+from edged.models.package import pack_tar, write_package  # noqa: E402
+from edged.models.signing import generate_key, load_signing_key  # noqa: E402
+from tests.conftest import Broker  # noqa: E402
+
+MODEL = "blazeface-back"
+
+
+class Recorder:
+    """Arrival time (monotonic) of every message under a pattern."""
+
+    def __init__(self, port: int, pattern: str) -> None:
+        self.items: list[tuple[float, str, bytes]] = []
+        self.lock = threading.Lock()
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        ready = threading.Event()
+        self.c.on_connect = lambda c, u, f, rc, p: c.subscribe(pattern, qos=1)
+        self.c.on_subscribe = lambda *a: ready.set()
+        self.c.on_message = self._on
+        self.c.connect("127.0.0.1", port)
+        self.c.loop_start()
+        ready.wait(10)
+
+    def _on(self, c: Any, u: Any, m: mqtt.MQTTMessage) -> None:
+        with self.lock:
+            self.items.append((time.monotonic(), m.topic, bytes(m.payload)))
+
+    def results(self) -> list[tuple[float, int]]:
+        with self.lock:
+            return [(t, json.loads(p)["model"]["version"]) for t, topic, p in self.items if "/results/" in topic]
+
+    def ota(self) -> list[tuple[float, dict[str, Any]]]:
+        with self.lock:
+            return [(t, json.loads(p)) for t, topic, p in self.items if topic.endswith("/ota/status") and p]
+
+
+def push(port: int, tar: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "edged", "push", str(tar), "--device", "bench-01", "--port", str(port)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    if r.returncode != 0:
+        raise SystemExit(f"push failed:\n{r.stderr}")
+
+
+def ceiling(port: int, total: int, chunk: int) -> float:
+    """MiB/s of `total` bytes in `chunk`-sized QoS 0 messages from one paho client to another."""
+    got = [0]
+    done = threading.Event()
+    rx = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    ready = threading.Event()
+    rx.on_connect = lambda c, u, f, rc, p: c.subscribe("bench/ceiling", qos=0)
+    rx.on_subscribe = lambda *a: ready.set()
+
+    def on(c: Any, u: Any, m: mqtt.MQTTMessage) -> None:
+        got[0] += len(m.payload)
+        if got[0] >= total:
+            done.set()
+
+    rx.on_message = on
+    rx.connect("127.0.0.1", port)
+    rx.loop_start()
+    ready.wait(10)
+    tx = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    tx.max_queued_messages_set(0)
+    tx.connect("127.0.0.1", port)
+    tx.loop_start()
+    data = os.urandom(chunk)
+    t0 = time.monotonic()
+    for _ in range(-(-total // chunk)):
+        tx.publish("bench/ceiling", data, qos=0)
+    done.wait(120)
+    seconds = time.monotonic() - t0
+    for c in (tx, rx):
+        c.disconnect()
+        c.loop_stop()
+    return got[0] / 2**20 / seconds
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--swaps", type=int, default=5)
+    ap.add_argument("--mb", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--fps", type=float, default=10.0)
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "swap.json")
+    args = ap.parse_args()
+    demo = fetch_demo(default_dir())
+    src = demo.packages[MODEL]
+    work = Path(tempfile.mkdtemp(prefix="edged-bench-swap-"))
+    broker = Broker(work)
+    broker.start()
+    key_path, pub = generate_key(work / "keys")
+    (work / "trusted").mkdir()
+    (work / "trusted" / pub.name).write_text(pub.read_text())
+    key = load_signing_key(key_path)
+    fields = src.manifest.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
+    base_files = {"model.onnx": src.model_path, "labels.txt": src.root / "labels.txt"}
+
+    def package(version: int, extra: dict[str, Path] | None = None) -> Path:
+        pkg = write_package(work / f"pkg-{version}", {**fields, "version": version}, {**base_files, **(extra or {})})
+        return pack_tar(pkg, work / f"v{version}.tar", key.sign(pkg.manifest_bytes))
+
+    cfg = {
+        "device_id": "bench-01",
+        "state_dir": str(work / "state"),
+        "mqtt": {"host": "127.0.0.1", "port": broker.port},
+        "model": {"name": MODEL, "keys_dir": str(work / "trusted"), "onnxruntime": {"threads": 1}},
+        "cameras": [{"name": "lobby", "uri": f"file://{demo.video}", "loop": True, "fps_max": args.fps}],
+        "inference": {"max_wait_ms": 5},
+        "telemetry": {"interval_s": 10},
+    }
+    cfg_path = work / "bench.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    r = subprocess.run(
+        [sys.executable, "-m", "edged", "model", "install", str(package(1)), "-c", str(cfg_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    if r.returncode != 0:
+        raise SystemExit(r.stderr)
+    rec = Recorder(broker.port, "edged/bench-01/#")
+    log = open(work / "daemon.log", "wb")  # noqa: SIM115
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "edged", "run", "-c", str(cfg_path)], stdout=log, stderr=subprocess.STDOUT, cwd=REPO
+    )
+    try:
+        while len(rec.results()) < 30:
+            time.sleep(0.2)
+        gaps: list[float] = []
+        controls: list[float] = []
+        version = 1
+        for _ in range(args.swaps):
+            version += 1
+            time.sleep(6)
+            before = rec.results()
+            times = [t for t, _ in before[-40:]]
+            interval = statistics.median(b - a for a, b in itertools.pairwise(times))
+            push(broker.port, package(version))
+            while not any(v == version for _, v in rec.results()[-5:]):
+                time.sleep(0.1)
+            time.sleep(2)
+            res = rec.results()
+            first_new = next(i for i, (_, v) in enumerate(res) if v == version)
+            window = [t for t, _ in res[max(0, first_new - 3) : first_new + 4]]
+            worst = max(b - a for a, b in itertools.pairwise(window))
+            gaps.append(worst / interval)
+            quiet = [t for t, _ in before[-40:-33]]  # seconds before the push: no swap anywhere near
+            controls.append(max(b - a for a, b in itertools.pairwise(quiet)) / interval)
+            print(
+                f"swap to v{version}: batch interval {interval * 1000:.0f} ms, longest gap {gaps[-1]:.2f} intervals "
+                f"(control {controls[-1]:.2f})"
+            )
+        blob = work / "payload.bin"
+        blob.write_bytes(os.urandom(args.mb << 20))
+        rates: list[float] = []
+        for _ in range(args.repeats):
+            version += 1
+            tar = package(version, {"payload.bin": blob})
+            mark = len(rec.ota())
+            push(broker.port, tar)
+            statuses = rec.ota()[mark:]
+            t0 = next(t for t, d in statuses if d["state"] == "downloading")
+            t1 = next(t for t, d in statuses if d["state"] == "verifying")
+            total = next(d["total"] for _, d in statuses if d.get("total"))
+            rates.append(total / 2**20 / (t1 - t0))
+            print(f"ota: {total / 2**20:.1f} MiB in {t1 - t0:.2f} s = {rates[-1]:.1f} MiB/s")
+        top = statistics.median(ceiling(broker.port, args.mb << 20, 256 * 1024) for _ in range(args.repeats))
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+        broker.stop()
+    out = {
+        "swaps": args.swaps,
+        "gap_intervals": [round(g, 2) for g in gaps],
+        "gap_intervals_median": round(statistics.median(gaps), 2),
+        "gap_intervals_max": round(max(gaps), 2),
+        "control_gap_intervals_median": round(statistics.median(controls), 2),
+        "control_gap_intervals_max": round(max(controls), 2),
+        "ota_mib_s_median": round(statistics.median(rates), 1),
+        "mqtt_ceiling_mib_s_median": round(top, 1),
+        "ota_over_ceiling": round(statistics.median(rates) / top, 2),
+        "ota_mib": args.mb,
+        "fps": args.fps,
+    }
+    print(json.dumps(out, indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
