@@ -3,11 +3,14 @@ Runtime on the demo video, the real `edged push` CLI, real SIGKILLs."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -15,13 +18,16 @@ from typing import Any
 import cv2
 import numpy as np
 import onnx
+import paho.mqtt.client as mqtt
 import pytest
 from onnx import helper, numpy_helper
+from paho.mqtt.enums import CallbackAPIVersion
 
+from edged.daemon.ota import pack_chunk
 from edged.daemon.swap import SWAP_STEPS
 from edged.models.demo import DemoAssets
 from edged.models.package import pack_tar, verify_folder, write_package
-from edged.models.signing import SigningKey
+from edged.models.signing import SigningKey, generate_key, load_signing_key
 from edged.models.store import INSTALL_STEPS
 from tests.conftest import REPO, Broker, DaemonProc, base_config, edged_cli, wait_until, write_config
 
@@ -382,3 +388,102 @@ def test_fleet_push_to_ten_daemons_and_a_canary_that_rolls_back(
         view = store_view(tmp_path / dev)
         assert view["current"] == 2, (dev, view)
         assert view["versions"] == ([1, 2, 3] if dev == ids[0] else [1, 2])
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every path under root with its size or link target: what 'nothing changed on disk' means here."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if rel.startswith(("spool.db", "staging", "ota")):
+            continue  # the result spool changes all the time; scratch is not the store
+        out[rel] = "-> " + os.readlink(p) if p.is_symlink() else (str(p.stat().st_size) if p.is_file() else "dir")
+    return out
+
+
+class HostilePusher:
+    """A peer that offers a properly signed package and then answers chunk requests with bytes that are
+    too long (never to be written) and then wrong (caught by the hash)."""
+
+    def __init__(self, broker: Broker, tar: Path, device: str) -> None:
+        with tarfile.open(tar) as t:
+            self.members = {m.name: t.extractfile(m).read() for m in t.getmembers()}  # type: ignore[union-attr]
+        self.root = f"edged/{device}"
+        self.too_long = 0
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        self.c.on_message = self._on
+        self.c.connect(broker.host, broker.port)
+        self.c.subscribe(f"{self.root}/ota/req", qos=1)
+        self.c.loop_start()
+        time.sleep(0.5)
+        offer = {
+            "transfer": "hostile",
+            "manifest": base64.b64encode(self.members["manifest.json"]).decode(),
+            "sig": base64.b64encode(self.members["manifest.sig"]).decode(),
+        }
+        self.c.publish(f"{self.root}/cmd/ota", json.dumps(offer), qos=1)
+
+    def _on(self, c: Any, u: Any, msg: Any) -> None:
+        req = json.loads(msg.payload)
+        data = self.members[req["file"]][req["offset"] : req["offset"] + req["length"]]
+        if self.too_long < 3:  # more than was asked for, past the declared end
+            self.too_long += 1
+            data = data + b"X" * 4096
+        else:
+            data = bytes(255 - b for b in data)  # the right length, the wrong bytes
+        header = {"transfer": req["transfer"], "file": req["file"], "offset": req["offset"]}
+        c.publish(f"{self.root}/ota/data", pack_chunk(header, data), qos=0)
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+def test_every_refusal_over_the_air_leaves_the_device_as_it_was(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    cfg = write_config(tmp_path / "cam-01.yaml", device_doc(broker, demo, tmp_path, "cam-01"))
+    install(cfg, build(demo, tmp_path, signer, 5))
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(cfg)
+    wait_results(sub, 5)
+    state = tmp_path / "cam-01"
+    before = tree(state)
+    stranger_path, _ = generate_key(tmp_path / "stranger")
+    six = build(demo, tmp_path, signer, 6)
+    flipped = tmp_path / "flipped.tar"
+    with tarfile.open(six) as src, tarfile.open(flipped, "w") as dst:
+        for member in src.getmembers():
+            data = src.extractfile(member).read()  # type: ignore[union-attr]
+            if member.name == "manifest.json":
+                data = data.replace(b'"version": 6', b'"version": 7')
+            member.size = len(data)
+            dst.addfile(member, io.BytesIO(data))
+    cases = {
+        "bad_signature": flipped,
+        "unknown_key": build(demo, tmp_path, load_signing_key(stranger_path), 6),
+        "expired": build(demo, tmp_path, signer, 6, expires="2020-01-01T00:00:00Z"),
+        "older_version": build(demo, tmp_path, signer, 4),
+        "incompatible": build(
+            demo, tmp_path, signer, 6, kind="engine", compatibility={"platform": "riscv64", "tensorrt": "10.3.0"}
+        ),
+    }
+    for code, tar in cases.items():
+        r = push(broker, tar, "--device", "cam-01")
+        assert r.returncode == 1 and f"rejected ({code}:" in r.stderr, (code, r.stderr)
+        assert tree(state) == before, f"{code} changed the device's disk"
+    hostile = HostilePusher(broker, six, "cam-01")
+    try:
+        wait_until(
+            lambda: any(m.json().get("error", {}).get("code") == "hash_mismatch" for m in sub.on("ota/status")),
+            60,
+            "the device to refuse the wrong bytes",
+        )
+    finally:
+        hostile.close()
+    assert hostile.too_long == 3
+    assert tree(state) == before and not any((state / "ota").iterdir())
+    n = len(sub.results())
+    wait_until(lambda: len(sub.results()) > n + 3, 30, "version 5 still serving")
+    assert {r["model"]["version"] for r in sub.results()} == {5}
+    assert d.stop() == 0
