@@ -138,7 +138,6 @@ def test_push_hot_swaps_a_running_daemon_without_mixing_versions(
     v2 = build(demo, tmp_path, signer, 2)
     r = push(broker, v2, "--device", "cam-01")
     assert r.returncode == 0, r.stdout + r.stderr + d.output()
-    print(r.stderr)
     assert "1 of 1 device(s) succeeded" in r.stderr and "probation" in r.stderr
     wait_results(sub, 2)
     order = versions_in_order(sub)
