@@ -27,16 +27,16 @@ import numpy as np
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel, ConfigDict
 
-from edged.errors import BackendError, ConfigError, EdgedError, PackageError, SwapError
+from edged.errors import BackendError, ConfigError, DecoderError, EdgedError, EngineLoadError, PackageError, SwapError
 from edged.models.package import Package, open_package
-from edged.models.store import Store
+from edged.models.store import Store, crash_at_env_step
 
 from .annotate import draw
 from .backend import Backend, open_backend, tensorrt_unavailable_reason
 from .capture import Camera, Throttle
 from .commands import CommandError, Commands, NoArgs
 from .config import Config, load_config
-from .decoders import DecodeOptions, build_decoder
+from .decoders import DecodeOptions, Decoder, build_decoder
 from .governor import Governor, admit
 from .inference import ActiveModel, InferenceLoop, Result, Window
 from .ota import MAX_OFFER_BYTES, OfferArgs, OtaReceiver
@@ -113,20 +113,13 @@ class Daemon:
             for line in self.store.recover():
                 logger.warning("model store: %s", line)
             self._judge_crashes(cfg.model.name)
-        package = resolve_package(cfg)
-        m = package.manifest
-        in_use_mb = _memory_mb().get("rss_mb", 0.0)
-        backend = backend or _open_model_backend(cfg, package)
         try:
-            check_io(package, backend)
-            shapes = {o.name: o.shape for o in backend.outputs}
-            decoder = build_decoder(m.decoder, m.input, m.labels, shapes)
-            row_mb = int(np.prod(m.input.shape[1:])) * np.dtype(m.input.dtype).itemsize / 2**20
-            buffers_mb = row_mb * (3 * len(cfg.cameras) + m.input.batch)
-            admit(package.ref, backend.memory_bytes / 2**20, buffers_mb, in_use_mb, cfg.memory.budget_mb)
-        except Exception:
-            backend.close()
-            raise
+            package, backend, decoder = self._open_model(backend)
+        except (EngineLoadError, DecoderError, PackageError) as exc:
+            if not self._rollback_unloadable(exc):
+                raise
+            package, backend, decoder = self._open_model(None)
+        m = package.manifest
         self.backend_name = backend.name
         d = cfg.detection
         self.opts = DecodeOptions(d.score_threshold, d.iou_threshold, d.max_detections, frozenset(d.labels))
@@ -186,10 +179,20 @@ class Daemon:
                 lambda t, b, q, r: self.publisher.publish_direct(t, b, qos=q, retain=r),
                 self.publisher.topic,
                 self.models.install_staged,
+                self.models.rejected,
                 self.stop_event,
             )
             self.commands.register("ota", OfferArgs, self.ota.offer, idempotent=False, max_bytes=MAX_OFFER_BYTES)
             self.publisher.route("ota/data", self.ota.on_data)
+        else:
+            why = (
+                "ota.enabled is false"
+                if self.store is not None
+                else "it runs model.package, not the store (model.name)"
+            )
+            self.commands.register(
+                "ota", OfferArgs, lambda _: self._no_ota(why), idempotent=False, max_bytes=MAX_OFFER_BYTES
+            )
         self._last_tel = (time.monotonic(), 0, {c.name: 0 for c in self.cameras})
         self._last_status_fps = 0.0
         self.stop_reason = ""
@@ -203,6 +206,51 @@ class Daemon:
         """The package serving now (it changes with a swap)."""
         return self.models.package
 
+    def _open_model(self, backend: Backend | None) -> tuple[Package, Backend, Decoder]:
+        """The configured package, its backend (unless given), its decoder, admitted to the memory budget."""
+        cfg = self.cfg
+        package = resolve_package(cfg)
+        m = package.manifest
+        in_use_mb = _memory_mb().get("rss_mb", 0.0)
+        backend = backend or _open_model_backend(cfg, package)
+        try:
+            check_io(package, backend)
+            shapes = {o.name: o.shape for o in backend.outputs}
+            decoder = build_decoder(m.decoder, m.input, m.labels, shapes)
+            row_mb = int(np.prod(m.input.shape[1:])) * np.dtype(m.input.dtype).itemsize / 2**20
+            buffers_mb = row_mb * (3 * len(cfg.cameras) + m.input.batch)
+            admit(package.ref, backend.memory_bytes / 2**20, buffers_mb, in_use_mb, cfg.memory.budget_mb)
+        except Exception:
+            backend.close()
+            raise
+        return package, backend, decoder
+
+    def _rollback_unloadable(self, exc: EdgedError) -> bool:
+        """The store's current version is on probation and cannot be loaded: roll it back at once (no crash
+        loop) and say so; False when that does not apply and the error stands."""
+        name = self.cfg.model.name
+        if self.store is None or name is None:
+            return False
+        cur = self.store.pointer(name, "current")
+        if cur is None or self.store.state(name).pending != cur:
+            return False
+        reason = f"{name}@{cur} does not load: {exc}"
+        try:
+            was, now = self.store.rollback(name, reason)
+        except PackageError:
+            return False  # nothing to go back to: the load error stands
+        logger.error("model %s@%d rolled back to %d at start: %s", name, was, now, reason)
+        self._start_events.append(
+            {
+                "type": "model_rolled_back",
+                "model": {"name": name, "version": was},
+                "to": now,
+                "reason": reason,
+                "code": "load_failed",
+            }
+        )
+        return True
+
     def _judge_crashes(self, name: str) -> None:
         """A version on probation whose daemon died more than model.probation_max_crashes times is rolled
         back before it is loaded again (a crash loop never reaches the probation check)."""
@@ -210,6 +258,7 @@ class Daemon:
         st = self.store.state(name)
         if st.pending is None or st.pending != self.store.pointer(name, "current"):
             return
+        crash_at_env_step("probation_start")  # test seam: a crash loop the daemon cannot judge itself
         crashes = self.store.probation_run(name, self.boot_id)
         limit = self.cfg.model.probation_max_crashes
         if crashes <= limit:
@@ -226,11 +275,19 @@ class Daemon:
             return
         logger.error("model %s@%d rolled back to %d: %s", name, was, now, reason)
         self._start_events.append(
-            {"type": "model_rolled_back", "model": {"name": name, "version": was}, "to": now, "reason": reason,
-             "code": "probation_crashes"}
-        )  # fmt: skip
+            {
+                "type": "model_rolled_back",
+                "model": {"name": name, "version": was},
+                "to": now,
+                "reason": reason,
+                "code": "probation_crashes",
+            }
+        )
 
     # --- commands ------------------------------------------------------------------------------
+    def _no_ota(self, why: str) -> dict[str, Any]:
+        raise CommandError("not_supported", f"this device takes no pushed models: {why}")
+
     def _cmd_rollback(self) -> dict[str, Any]:
         try:
             return self.models.rollback("rolled back by command", code="by_command")

@@ -120,10 +120,12 @@ class OtaReceiver:
         publish: Callable[[str, bytes, int, bool], bool],
         topic: Callable[[str], str],
         install: Callable[[Path, str], dict[str, Any]],
+        rejected: Callable[[str | None, EdgedError, str], None],
         stop: threading.Event,
     ) -> None:
         """`publish(topic, payload, qos, retain)`; `topic(suffix)` is the device's topic; `install(stage,
-        transfer)` swaps a staged package in (ModelManager.install_staged) and raises when refused."""
+        transfer)` swaps a staged package in (ModelManager.install_staged, which reports its own refusals)
+        and raises when refused; `rejected(ref or None, error, transfer)` reports a refusal before that."""
         self.cfg = cfg
         self.store = store
         self.keys_dir = keys_dir
@@ -131,6 +133,7 @@ class OtaReceiver:
         self._publish = publish
         self._topic = topic
         self._install = install
+        self._rejected = rejected
         self._stop = stop
         self._chunks: queue.Queue[_Chunk] = queue.Queue(maxsize=max(8, cfg.window * 4))
         self._lock = threading.Lock()
@@ -151,6 +154,7 @@ class OtaReceiver:
             offer = self.store.check_offer(manifest_bytes, sig_bytes, TrustStore.load(self.keys_dir), where, detect())
         except PackageError as exc:
             self.status(args.transfer, "rejected", error=exc)
+            self._rejected(None, exc, args.transfer)
             raise CommandError(exc.code, str(exc)) from exc
         m = offer.manifest
         if offer.same_version:
@@ -232,6 +236,7 @@ class OtaReceiver:
     def _run(self, t: Transfer) -> None:
         m = t.offer.manifest
         ref = (m.name, m.version)
+        swapping = False
         try:
             for name in sorted(m.files):
                 self._fetch(t, name, m.files[name].size)
@@ -258,6 +263,7 @@ class OtaReceiver:
             if stage is None:
                 self.status(t.id, "unchanged", model=ref)
             else:
+                swapping = True  # from here the model manager reports a refusal itself
                 result = self._install(stage, t.id)
                 self.status(t.id, "probation", model=ref, done=t.total, total=t.total, detail=result)
             self.completed += 1
@@ -266,6 +272,8 @@ class OtaReceiver:
             logger.error("ota: transfer %s of %s@%d refused: %s", t.id, m.name, m.version, exc)
             stalled = exc.code == "stalled"  # what arrived is kept: the same package offered again resumes
             self.status(t.id, "failed" if stalled else "rejected", model=ref, error=exc)
+            if not swapping:
+                self._rejected(f"{m.name}@{m.version}", exc, t.id)
             if not stalled:
                 shutil.rmtree(t.folder, ignore_errors=True)
         except Exception as exc:  # a thread boundary: report it, keep what arrived for a resume

@@ -363,9 +363,16 @@ class ModelManager:
             self.store.probation_run(self.package.manifest.name, None)  # a clean stop is not a crash
 
     # ---- reporting -------------------------------------------------------------------------
-    def _outcome(self, kind: str, ref: str, **fields: Any) -> None:
-        name, _, version = ref.rpartition("@")
-        doc = {"type": kind, "model": {"name": name, "version": int(version)}, **fields}
+    def rejected(self, ref: str | None, exc: EdgedError, transfer: str | None = None) -> None:
+        """An offer or a download refused before any swap (verification, hashes): an event and model/state."""
+        self._outcome("model_rejected", ref, code=exc.code, error=str(exc), transfer=transfer)
+
+    def _outcome(self, kind: str, ref: str | None, **fields: Any) -> None:
+        model = None  # a manifest that did not verify names nothing we can trust
+        if ref is not None:
+            name, _, version = ref.rpartition("@")
+            model = {"name": name, "version": int(version)}
+        doc = {"type": kind, "model": model, **fields}
         doc = {k: v for k, v in doc.items() if v is not None}
         self.last = {k: v for k, v in doc.items()}
         self._event(doc)

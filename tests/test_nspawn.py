@@ -30,7 +30,7 @@ def test_bundle_under_a_real_systemd(demo: DemoAssets, tmp_path: Path) -> None:
     src = demo.packages["blazeface-back"]
     r = edged_cli("model", "pack", str(src.root), "--out", str(tmp_path / "faces-1.tar"), "--key", str(key_path))
     assert r.returncode == 0, r.stderr
-    # version 2 hashes and signs correctly but is not an ONNX model: the daemon exits 1 at every start
+    # version 2 hashes and signs correctly but is not an ONNX model: the daemon rolls it back at start
     broken = tmp_path / "v2"
     broken.mkdir()
     (broken / "model.onnx").write_bytes(b"not an onnx model\n" * 100)
@@ -38,6 +38,12 @@ def test_bundle_under_a_real_systemd(demo: DemoAssets, tmp_path: Path) -> None:
     fields["version"] = 2
     pkg = write_package(broken, fields, {"model.onnx": broken / "model.onnx", "labels.txt": src.root / "labels.txt"})
     pack_tar(pkg, payload / "v2-crash.tar", key.sign(pkg.manifest_bytes))
+    # version 3 is good, but run with a test hook that kills the daemon at every start while it is on
+    # probation: a crash loop the daemon cannot judge itself, for edged-rollback.service
+    good = write_package(
+        tmp_path / "v3", {**fields, "version": 3}, {"model.onnx": src.model_path, "labels.txt": src.root / "labels.txt"}
+    )
+    pack_tar(good, payload / "v3.tar", key.sign(good.manifest_bytes))
     r = edged_cli(
         "bundle",
         "build",

@@ -487,3 +487,20 @@ def test_every_refusal_over_the_air_leaves_the_device_as_it_was(
     wait_until(lambda: len(sub.results()) > n + 3, 30, "version 5 still serving")
     assert {r["model"]["version"] for r in sub.results()} == {5}
     assert d.stop() == 0
+    codes = [e["code"] for e in (m.json() for m in sub.on("events")) if e["type"] == "model_rejected"]
+    assert codes == [*cases, "hash_mismatch"], codes  # each refusal is an event too
+    last = [m.json() for m in sub.on("model/state") if m.payload][-1]
+    assert last["active"] == 5 and last["last"]["code"] == "hash_mismatch"
+
+
+def test_a_daemon_without_a_store_says_why_it_takes_no_push(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    doc = device_doc(broker, demo, tmp_path, "cam-01")
+    doc["model"] = {"package": str(demo.packages[MODEL].root), "onnxruntime": {"threads": 1}}
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(write_config(tmp_path / "cam-01.yaml", doc))
+    wait_results(sub, 1)
+    r = push(broker, build(demo, tmp_path, signer, 2), "--device", "cam-01")
+    assert r.returncode == 1 and "not_supported" in r.stderr and "model.package" in r.stderr, r.stderr
+    assert d.stop() == 0

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs INSIDE the throwaway container (systemd is PID 1 there): install the host deploy bundle with
 # its install.sh, then drive edged with systemctl and check what users see. One PASS/FAIL line per
-# check; exit 1 if any failed. Payload (read-only at /srv/payload): bundle.tar, demo.mp4, v2-crash.tar.
+# check; exit 1 if any failed. Payload (read-only at /srv/payload): bundle.tar, demo.mp4, v2-crash.tar, v3.tar.
 set -u
 U=edged.service
 fail=0
@@ -83,19 +83,33 @@ if J -o json | grep -q '"EDGED_MODEL":"blazeface-back@1"'; then ok "journal entr
 else bad "no EDGED_MODEL field: $(J -o json | tail -1 | cut -c1-300)"; fi
 J -o json | grep -q '"CAMERA":"' && ok "journal entries carry CAMERA" || echo "INFO: no camera-thread log line yet"
 
-# ---- a model that crash-loops on probation is rolled back by OnFailure= ----------------------
+# ---- a version on probation that does not load is rolled back by the daemon at start ----------
 if runuser -u edged -- $E model install /srv/payload/v2-crash.tar -c $CFG > /tmp/v2.log 2>&1; then
   ok "installed v2 (loads nothing: its model file is not ONNX)"
 else bad "v2 install: $(cat /tmp/v2.log)"; fi
+R0=$(prop NRestarts)
 systemctl restart $U 2>/dev/null
-if waitfor 120 sh -c "runuser -u edged -- $E model list -c $CFG 2>/dev/null | grep -q '1 (current), 2 (bad)' && systemctl is-active --quiet $U"; then
+if waitfor 60 sh -c "runuser -u edged -- $E model list -c $CFG 2>/dev/null | grep -q '1 (current), 2 (bad)' && systemctl is-active --quiet $U"; then
+  ok "v2 rolled back at start: $(runuser -u edged -- $E model list -c $CFG 2>/dev/null); edged active, restarts $R0 -> $(prop NRestarts)"
+else
+  bad "no rollback of v2: $(runuser -u edged -- $E model list -c $CFG 2>&1); edged $(prop ActiveState)/$(prop SubState)"
+fi
+J -o cat | grep -q 'rolled back to 1 at start' && ok "journal: the daemon's own rollback" || bad "journal: no rollback line"
+
+# ---- a crash loop the daemon cannot judge: OnFailure= runs edged-rollback.service -----------------
+runuser -u edged -- $E model install /srv/payload/v3.tar -c $CFG > /tmp/v3.log 2>&1 && ok "installed v3" || bad "v3: $(cat /tmp/v3.log)"
+printf '[Service]\nEnvironment=EDGEDTEST_CRASH_AT=probation_start\n' > /etc/systemd/system/$U.d/crash.conf
+systemctl daemon-reload
+systemctl restart $U 2>/dev/null
+if waitfor 120 sh -c "runuser -u edged -- $E model list -c $CFG 2>/dev/null | grep -q '1 (current), 2 (bad), 3 (bad)' && systemctl is-active --quiet $U"; then
   ok "crash loop ended in the OnFailure= rollback: $(runuser -u edged -- $E model list -c $CFG 2>/dev/null); edged active again"
 else
   bad "no rollback: $(runuser -u edged -- $E model list -c $CFG 2>&1); edged $(prop ActiveState)/$(prop SubState)"
   journalctl --no-pager --cursor="$CUR" -u edged-rollback.service | tail -10
 fi
-journalctl --no-pager --cursor="$CUR" -u edged-rollback.service -o cat | grep -q 'rolled back from 2' \
-  && ok "edged-rollback.service: rolled back from 2 to 1" || bad "edged-rollback.service did not run"
+journalctl --no-pager --cursor="$CUR" -u edged-rollback.service -o cat | grep -q 'rolled back from 3' \
+  && ok "edged-rollback.service: rolled back from 3 to 1" || bad "edged-rollback.service did not run"
+rm /etc/systemd/system/$U.d/crash.conf && systemctl daemon-reload
 
 # ---- properties (MemoryMax is accepted but not enforced on cgroup v1 hosts: check its value) --
 [ "$(prop MemoryMax)" = 4294967296 ] && ok "MemoryMax=4G" || bad "MemoryMax=$(prop MemoryMax)"
