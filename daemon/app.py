@@ -234,11 +234,16 @@ class Daemon:
         cur = self.store.pointer(name, "current")
         if cur is None or self.store.state(name).pending != cur:
             return False
-        reason = f"{name}@{cur} does not load: {exc}"
+        return self._rollback_at_start(name, f"{name}@{cur} does not load: {exc}", "load_failed")
+
+    def _rollback_at_start(self, name: str, reason: str, code: str) -> bool:
+        """Roll the store back before anything is loaded; the event goes out once the publisher runs."""
+        assert self.store is not None
         try:
             was, now = self.store.rollback(name, reason)
-        except PackageError:
-            return False  # nothing to go back to: the load error stands
+        except PackageError as exc:
+            logger.error("model %s: %s, but it cannot be rolled back: %s", name, reason, exc)
+            return False
         logger.error("model %s@%d rolled back to %d at start: %s", name, was, now, reason)
         self._start_events.append(
             {
@@ -246,7 +251,7 @@ class Daemon:
                 "model": {"name": name, "version": was},
                 "to": now,
                 "reason": reason,
-                "code": "load_failed",
+                "code": code,
             }
         )
         return True
@@ -268,21 +273,7 @@ class Daemon:
                 )
             return
         reason = f"the daemon crashed {crashes} times while {name}@{st.pending} was on probation"
-        try:
-            was, now = self.store.rollback(name, reason)
-        except PackageError as exc:
-            logger.error("model %s: %s, but it cannot be rolled back: %s", name, reason, exc)
-            return
-        logger.error("model %s@%d rolled back to %d: %s", name, was, now, reason)
-        self._start_events.append(
-            {
-                "type": "model_rolled_back",
-                "model": {"name": name, "version": was},
-                "to": now,
-                "reason": reason,
-                "code": "probation_crashes",
-            }
-        )
+        self._rollback_at_start(name, reason, "probation_crashes")
 
     # --- commands ------------------------------------------------------------------------------
     def _no_ota(self, why: str) -> dict[str, Any]:

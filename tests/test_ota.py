@@ -108,6 +108,18 @@ def assert_consistent(state: Path, allowed: set[int], after_start: bool = True) 
     return v
 
 
+def running(
+    demo: DemoAssets, tmp: Path, signer: SigningKey, broker: Broker, subscribe: Any, start_daemon: Any, version: int
+) -> tuple[Path, Any, DaemonProc]:
+    """Device cam-01 with `version` installed from a file, its daemon serving it, and a subscriber to it."""
+    cfg = write_config(tmp / "cam-01.yaml", device_doc(broker, demo, tmp, "cam-01"))
+    install(cfg, build(demo, tmp, signer, version))
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(cfg)
+    wait_results(sub, version)
+    return cfg, sub, d
+
+
 def serving(d: DaemonProc) -> DaemonProc:
     wait_until(lambda: "serving 1 camera(s)" in d.output(), 60, "the daemon to serve")
     return d
@@ -334,11 +346,7 @@ def test_crashes_on_probation_roll_back_at_the_next_start(
 def test_reload_serves_a_version_installed_from_a_file(
     demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
 ) -> None:
-    cfg = write_config(tmp_path / "cam-01.yaml", device_doc(broker, demo, tmp_path, "cam-01"))
-    install(cfg, build(demo, tmp_path, signer, 1))
-    sub = subscribe(broker, "edged/cam-01/#")
-    d = start_daemon(cfg)
-    wait_results(sub, 1)
+    cfg, sub, d = running(demo, tmp_path, signer, broker, subscribe, start_daemon, 1)
     install(cfg, build(demo, tmp_path, signer, 2))
     d.proc.send_signal(signal.SIGHUP)  # what `systemctl reload edged` sends
     wait_results(sub, 2)
@@ -442,11 +450,7 @@ class HostilePusher:
 def test_every_refusal_over_the_air_leaves_the_device_as_it_was(
     demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
 ) -> None:
-    cfg = write_config(tmp_path / "cam-01.yaml", device_doc(broker, demo, tmp_path, "cam-01"))
-    install(cfg, build(demo, tmp_path, signer, 5))
-    sub = subscribe(broker, "edged/cam-01/#")
-    d = start_daemon(cfg)
-    wait_results(sub, 5)
+    _, sub, d = running(demo, tmp_path, signer, broker, subscribe, start_daemon, 5)
     state = tmp_path / "cam-01"
     before = tree(state)
     stranger_path, _ = generate_key(tmp_path / "stranger")
