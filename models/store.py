@@ -424,6 +424,8 @@ def read_head(source: Path) -> tuple[bytes, bytes]:
                 raise PackageError(f"{p}: over {cap} bytes", code="too_large")
             parts.append(p.read_bytes())
         return parts[0], parts[1]
+    if not source.exists():
+        raise PackageError(f"{source}: no such file or folder", code="not_found")
     if not source.is_file() or not tarfile.is_tarfile(source):
         raise PackageError(f"{source}: neither a package folder nor a tar file", code="not_a_package")
     with tarfile.open(source) as tar:
