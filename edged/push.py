@@ -78,6 +78,7 @@ class Pusher:
         self.devices: dict[str, Device] = {}
         self._lock = threading.Lock()
         self._subs: list[str] = [self.reply_topic]
+        self._unacked: set[int] = set()  # SUBSCRIBE message ids the broker has not acknowledged yet
         self._statuses: dict[str, dict[str, Any]] = {}
         self._connected = threading.Event()
         self.client = make_client(mqtt_cfg, f"edged-push-{self.transfer}")
@@ -86,6 +87,7 @@ class Pusher:
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = lambda *a: self._connected.clear()
         self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
         self.host, self.port = mqtt_cfg.host, mqtt_cfg.port
 
     @property
@@ -116,13 +118,30 @@ class Pusher:
 
     def _subscribe(self, topic: str) -> None:
         self._subs.append(topic)
-        self.client.subscribe(topic, qos=1)
+        _, mid = self.client.subscribe(topic, qos=1)
+        if mid is not None:  # None: not connected; on_connect subscribes again
+            with self._lock:
+                self._unacked.add(mid)
+
+    def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, codes: Any, props: Any) -> None:
+        with self._lock:
+            self._unacked.discard(mid)
+
+    def _subscribed(self, timeout_s: float = 10.0) -> None:
+        """Wait for the broker to confirm our subscriptions, so no device answers before we listen."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            with self._lock:
+                if not self._unacked:
+                    return
+            time.sleep(0.02)
 
     # ---- discovery -------------------------------------------------------------------------
     def discover(self, group: str, wait_s: float) -> tuple[list[str], list[str]]:
         """Devices whose retained status lists `group`: (online, offline)."""
         self._subscribe(f"{self.prefix}/+/status")
-        time.sleep(wait_s)
+        self._subscribed()
+        time.sleep(wait_s)  # retained statuses arrive right after the SUBACK; live ones may take a moment
         online: list[str] = []
         offline: list[str] = []
         with self._lock:
@@ -140,7 +159,7 @@ class Pusher:
             wave.append(d)
             for suffix in ("ota/req", "ota/status", "model/state"):
                 self._subscribe(f"{self.prefix}/{dev}/{suffix}")
-        time.sleep(0.2)  # our subscriptions are in place before any device answers
+        self._subscribed()
         offer = json.dumps(
             {
                 "transfer": self.transfer,

@@ -510,3 +510,30 @@ def test_a_daemon_without_a_store_says_why_it_takes_no_push(
     r = push(broker, build(demo, tmp_path, signer, 2), "--device", "cam-01")
     assert r.returncode == 1 and "not_supported" in r.stderr and "model.package" in r.stderr, r.stderr
     assert d.stop() == 0
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_redraws_in_place_on_a_terminal_and_prints_changes_otherwise() -> None:
+    from edged.push import Device, Progress
+
+    devs = [Device("orin-07", total=4 << 20), Device("orin-08", total=4 << 20)]
+    tty = _Tty()
+    bar = Progress(tty, devs)
+    bar.draw(final=True)
+    devs[0].bytes, devs[0].state = 2 << 20, "downloading"
+    bar.draw(final=True)
+    frames = tty.getvalue().split("\x1b[2F")  # the second frame starts by going up over the first
+    assert len(frames) == 2 and frames[1].count("\n") == 2
+    assert "orin-07" in frames[1] and "[############------------]  50.0%" in frames[1] and "downloading" in frames[1]
+    log = io.StringIO()
+    plain = Progress(log, devs)
+    for _ in range(3):
+        plain.draw(final=True)  # nothing changed: nothing more printed
+    assert log.getvalue().count("\n") == 2 and "\x1b" not in log.getvalue()
+    devs[1].finish("rejected", "older_version: replayed?")
+    plain.draw(final=True)
+    assert log.getvalue().splitlines()[-1].endswith("rejected (older_version: replayed?)")
