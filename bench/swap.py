@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -81,6 +82,57 @@ def push(port: int, tar: Path) -> None:
     )
     if r.returncode != 0:
         raise SystemExit(f"push failed:\n{r.stderr}")
+
+
+def gap_around(res: list[tuple[float, int]], version: int, interval: float) -> float:
+    """The longest gap between consecutive results from three before the first of `version` to three after."""
+    first_new = next(i for i, (_, v) in enumerate(res) if v == version)
+    window = [t for t, _ in res[max(0, first_new - 3) : first_new + 4]]
+    return max(b - a for a, b in itertools.pairwise(window)) / interval
+
+
+def median_interval(res: list[tuple[float, int]]) -> float:
+    times = [t for t, _ in res[-40:]]
+    return statistics.median(b - a for a, b in itertools.pairwise(times))
+
+
+def stop_the_world(cfg_path: Path, rec: Recorder, package: Any, version: int, n: int) -> tuple[list[float], int]:
+    from edged.daemon.app import Daemon
+    from edged.daemon.config import load_config
+    from edged.daemon.swap import estimate_mb
+    from edged.models.signing import TrustStore
+    from edged.models.store import Store
+
+    logging.getLogger().setLevel(logging.WARNING)
+    cfg = load_config(cfg_path)
+    daemon = Daemon(cfg)
+    t = threading.Thread(target=daemon.run, kwargs={"install_signals": False})
+    t.start()
+    store, trust = Store(cfg.state_dir), TrustStore.load(cfg.model.keys_dir)
+    gaps: list[float] = []
+    try:
+        mark = len(rec.results())
+        while len(rec.results()) < mark + 40:
+            time.sleep(0.2)
+        for _ in range(n):
+            version += 1
+            time.sleep(3)
+            interval = median_interval(rec.results())
+            _, stage = store.stage(package(version), trust)
+            assert stage is not None
+            cur_mb = daemon.models.active.backend.memory_bytes / 2**20
+            new_mb = estimate_mb(daemon.package) + 0.01
+            daemon.models._rss_mb = lambda c=cur_mb, m=new_mb: cfg.memory.budget_mb - m + c / 2  # both do not fit
+            mode = daemon.models.install_staged(stage)["mode"]
+            while not any(v == version for _, v in rec.results()[-5:]):
+                time.sleep(0.1)
+            time.sleep(2)
+            gaps.append(gap_around(rec.results(), version, interval))
+            print(f"{mode} swap to v{version}: longest gap {gaps[-1]:.2f} intervals of {interval * 1000:.0f} ms")
+    finally:
+        daemon.request_stop()
+        t.join(30)
+    return gaps, version
 
 
 def ceiling(port: int, total: int, chunk: int) -> float:
@@ -175,17 +227,12 @@ def main() -> int:
             version += 1
             time.sleep(6)
             before = rec.results()
-            times = [t for t, _ in before[-40:]]
-            interval = statistics.median(b - a for a, b in itertools.pairwise(times))
+            interval = median_interval(before)
             push(broker.port, package(version))
             while not any(v == version for _, v in rec.results()[-5:]):
                 time.sleep(0.1)
             time.sleep(2)
-            res = rec.results()
-            first_new = next(i for i, (_, v) in enumerate(res) if v == version)
-            window = [t for t, _ in res[max(0, first_new - 3) : first_new + 4]]
-            worst = max(b - a for a, b in itertools.pairwise(window))
-            gaps.append(worst / interval)
+            gaps.append(gap_around(rec.results(), version, interval))
             quiet = [t for t, _ in before[-40:-33]]  # seconds before the push: no swap anywhere near
             controls.append(max(b - a for a, b in itertools.pairwise(quiet)) / interval)
             print(
@@ -206,10 +253,14 @@ def main() -> int:
             total = next(d["total"] for _, d in statuses if d.get("total"))
             rates.append(total / 2**20 / (t1 - t0))
             print(f"ota: {total / 2**20:.1f} MiB in {t1 - t0:.2f} s = {rates[-1]:.1f} MiB/s")
-        top = statistics.median(ceiling(broker.port, args.mb << 20, 256 * 1024) for _ in range(args.repeats))
-    finally:
         daemon.terminate()
         daemon.wait(30)
+        stw, version = stop_the_world(cfg_path, rec, package, version, args.swaps)
+        top = statistics.median(ceiling(broker.port, args.mb << 20, 256 * 1024) for _ in range(args.repeats))
+    finally:
+        if daemon.poll() is None:
+            daemon.terminate()
+            daemon.wait(30)
         broker.stop()
     out = {
         "swaps": args.swaps,
@@ -218,6 +269,8 @@ def main() -> int:
         "gap_intervals_max": round(max(gaps), 2),
         "control_gap_intervals_median": round(statistics.median(controls), 2),
         "control_gap_intervals_max": round(max(controls), 2),
+        "stop_the_world_gap_intervals": [round(g, 2) for g in stw],
+        "stop_the_world_gap_intervals_median": round(statistics.median(stw), 2),
         "ota_mib_s_median": round(statistics.median(rates), 1),
         "mqtt_ceiling_mib_s_median": round(top, 1),
         "ota_over_ceiling": round(statistics.median(rates) / top, 2),
