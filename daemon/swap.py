@@ -23,6 +23,7 @@ Crash-test seam: ``EDGEDTEST_CRASH_AT=swap_loaded|swap_flipped`` SIGKILLs the da
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -204,6 +205,7 @@ class ModelManager:
             except EdgedError as exc:
                 if exc.code in ("golden_mismatch", "golden_invalid", "model_load_failed", "decoder_mismatch"):
                     self.store.mark_bad(m.name, m.version)
+                shutil.rmtree(stage, ignore_errors=True)  # never activated: its staged copy goes now
                 self._outcome("model_rejected", pkg.ref, code=exc.code, error=str(exc), transfer=transfer)
                 raise
             return {"model": {"name": m.name, "version": m.version}, "mode": mode, "gap_ms": round(gap_ms, 1)}
@@ -278,8 +280,10 @@ class ModelManager:
             if old is not None:
                 old.backend.close()
             self.package = pkg
-            self.probation = Probation(
-                pkg.manifest.version, time.monotonic(), self.store.state(name).baseline_infer_ms, 0
+            st = self.store.state(name)  # on probation after an install; not after `edged model rollback`
+            on_probation = st.pending == pkg.manifest.version
+            self.probation = (
+                Probation(pkg.manifest.version, time.monotonic(), st.baseline_infer_ms, 0) if on_probation else None
             )
             self._outcome("model_activated", pkg.ref, previous=old.version if old else None, mode="reload")
             return {"model": {"name": name, "version": pkg.manifest.version}}

@@ -354,6 +354,16 @@ def test_reload_serves_a_version_installed_from_a_file(
     wait_results(sub, 2)
     order = versions_in_order(sub)
     assert order == sorted(order)
+    state = [m.json() for m in sub.on("model/state") if m.payload][-1]
+    assert state["active"] == 2 and state["probation"]["version"] == 2
+    # a rollback by hand, then a reload: the previous version serves, and it is not on probation
+    r = edged_cli("model", "rollback", MODEL, "-c", str(cfg))
+    assert r.returncode == 0, r.stderr
+    n = len(sub.results())
+    d.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: sum(1 for x in sub.results()[n:] if x["model"]["version"] == 1) > 3, 60, "version 1 again")
+    state = [m.json() for m in sub.on("model/state") if m.payload][-1]
+    assert state["active"] == 1 and state["probation"] is None and state["bad"] == [2]
     assert d.stop() == 0
 
 
