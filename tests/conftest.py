@@ -257,3 +257,24 @@ def signer(tmp_path: Path) -> SigningKey:
     (tmp_path / "trusted").mkdir()
     (tmp_path / "trusted" / pub.name).write_text(pub.read_text())
     return load_signing_key(key_path)
+
+
+def build_bundle(target: str, keys: Path, model_tar: Path, key: Path, out: Path) -> Path:
+    """`edged bundle build` through the real CLI; returns the bundle tar."""
+    r = edged_cli(
+        "bundle",
+        "build",
+        "--target",
+        target,
+        "--keys",
+        str(keys),
+        "--model",
+        str(model_tar),
+        "--key",
+        str(key),
+        "--out",
+        str(out),
+        timeout=1200,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return next(out.glob(f"edged-bundle-*-{target}.tar"))

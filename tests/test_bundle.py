@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from edged.models.signing import TrustStore, generate_key
-from tests.conftest import edged_cli
+from tests.conftest import build_bundle, edged_cli
 from tests.sysfs_fixtures import L4T_R36_4_0
 
 
@@ -29,23 +29,8 @@ def jetson_bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
         "model", "pack", str(demo.packages["blazeface-back"].root), "--out", str(tmp / "faces-1.tar"), "--key", str(key)
     )
     assert r.returncode == 0, r.stderr
-    r = edged_cli(
-        "bundle",
-        "build",
-        "--target",
-        "jetson-jp6",
-        "--keys",
-        str(tmp / "keys"),
-        "--model",
-        str(tmp / "faces-1.tar"),
-        "--key",
-        str(key),
-        "--out",
-        str(tmp / "out"),
-        timeout=1200,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    return next((tmp / "out").glob("*.tar")), tmp / "keys"
+    bundle = build_bundle("jetson-jp6", tmp / "keys", tmp / "faces-1.tar", key, tmp / "out")
+    return bundle, tmp / "keys"
 
 
 def test_jetson_bundle_has_aarch64_cp310_wheels_and_no_pip_opencv(jetson_bundle: tuple[Path, Path]) -> None:

@@ -16,7 +16,7 @@ import pytest
 from edged.models.demo import DemoAssets
 from edged.models.package import pack_tar, write_package
 from edged.models.signing import generate_key, load_signing_key
-from tests.conftest import REPO, edged_cli
+from tests.conftest import REPO, build_bundle, edged_cli
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="booting a container with systemd-nspawn needs root")
 
@@ -44,23 +44,8 @@ def test_bundle_under_a_real_systemd(demo: DemoAssets, tmp_path: Path) -> None:
         tmp_path / "v3", {**fields, "version": 3}, {"model.onnx": src.model_path, "labels.txt": src.root / "labels.txt"}
     )
     pack_tar(good, payload / "v3.tar", key.sign(good.manifest_bytes))
-    r = edged_cli(
-        "bundle",
-        "build",
-        "--target",
-        "host",
-        "--keys",
-        str(keys),
-        "--model",
-        str(tmp_path / "faces-1.tar"),
-        "--key",
-        str(key_path),
-        "--out",
-        str(tmp_path / "out"),
-        timeout=1200,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    shutil.copy(next((tmp_path / "out").glob("edged-bundle-*-host.tar")), payload / "bundle.tar")
+    bundle = build_bundle("host", keys, tmp_path / "faces-1.tar", key_path, tmp_path / "out")
+    shutil.copy(bundle, payload / "bundle.tar")
     shutil.copy(demo.video, payload / "demo.mp4")
     shutil.copy(REPO / "tests/nspawn/e2e.sh", payload / "e2e.sh")
     os.chmod(payload, 0o755)
