@@ -298,8 +298,8 @@ class ModelManager:
         changes only once it serves, and a failed store write flips the current one back. So the store and
         what serves never disagree: a refused rollback (the previous version changes the input spec, does
         not load, ...) leaves both as they were, and says so on ``…/events`` (`model_rollback_failed`) and
-        in ``…/model/state``. A probation verdict stands even then: the store is rolled back and the daemon
-        restarts (`restart`) to serve the previous version."""
+        in ``…/model/state``. A probation verdict whose previous version takes another input stands: the
+        store is rolled back and the daemon restarts (`restart`) to serve it."""
         if self.store is None:
             raise SwapError("this daemon runs model.package, not the store: nothing to roll back to")
         name = self.package.manifest.name
@@ -334,9 +334,11 @@ class ModelManager:
             return {"from": was, "to": now, "reason": reason}
 
     def _rollback_refused(self, name: str, was: int, reason: str, code: str, exc: EdgedError) -> dict[str, Any]:
-        """The previous version cannot serve now. By command: refuse, nothing changes. A probation verdict:
-        the version is still bad, so the store is rolled back and the daemon restarts on the previous one."""
-        if code == "by_command" or self.store is None or self._restart is None:
+        """The previous version cannot serve now: refuse, nothing changes. Except for a probation verdict
+        when the previous version only takes another input: the version on probation is still bad, so the
+        store is rolled back and the daemon restarts to serve the previous one (its cameras sized for it)."""
+        live_only = exc.code != "input_changed" or code == "by_command"
+        if live_only or self.store is None or self._restart is None:
             logger.error("model %s@%d: rollback refused, nothing changed: %s", name, was, exc)
             self._outcome("model_rollback_failed", f"{name}@{was}", code=exc.code, error=str(exc), reason=reason)
             raise exc
