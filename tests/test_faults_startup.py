@@ -15,8 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnx
 import paho.mqtt.client as mqtt
 import pytest
+from onnx import helper, numpy_helper
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edged.errors import PackageError
@@ -241,6 +244,65 @@ def test_a_refused_rollback_command_changes_neither_the_store_nor_what_serves(
     view = store_view(tmp_path / "cam-01")
     assert (view["current"], view["bad"]) == (2, [3]), view
     wait_until(lambda: last_state()["active"] == 2 and last_state()["bad"] == [3], 10, "model/state after it")
+    assert d.stop() == 0
+
+
+def fails_on_real_frames(src: Path, out: Path) -> Path:
+    """The demo model plus a Reshape into rows of 1 value for an all-zero batch (the warm-up) and of 7
+    values for anything else, which 786,432 input values do not divide: it loads and warms up, and every
+    batch of real frames fails inside ONNX Runtime. A real model with a real runtime error."""
+    m = onnx.load(str(src))
+    g = m.graph
+    x, first = g.input[0].name, g.output[0]
+    g.initializer.extend(
+        [
+            numpy_helper.from_array(np.array(0.0, np.float32), "bad_zero"),
+            numpy_helper.from_array(np.array([6], np.int64), "bad_six"),
+            numpy_helper.from_array(np.array([1], np.int64), "bad_one"),
+            numpy_helper.from_array(np.array([-1], np.int64), "bad_rest"),
+        ]
+    )
+    g.node.extend(
+        [
+            helper.make_node("Abs", [x], ["bad_abs"]),
+            helper.make_node("ReduceMax", ["bad_abs"], ["bad_max"], keepdims=0),
+            helper.make_node("Greater", ["bad_max", "bad_zero"], ["bad_nonzero"]),
+            helper.make_node("Cast", ["bad_nonzero"], ["bad_flag"], to=onnx.TensorProto.INT64),
+            helper.make_node("Reshape", ["bad_flag", "bad_one"], ["bad_flag1"]),
+            helper.make_node("Mul", ["bad_flag1", "bad_six"], ["bad_six_or_zero"]),
+            helper.make_node("Add", ["bad_six_or_zero", "bad_one"], ["bad_rows"]),
+            helper.make_node("Concat", ["bad_rest", "bad_rows"], ["bad_shape"], axis=0),
+            helper.make_node("Reshape", [x, "bad_shape"], ["bad_reshaped"]),
+            helper.make_node("ReduceSum", ["bad_reshaped"], ["bad_sum"], keepdims=0),
+            helper.make_node("Mul", ["bad_sum", "bad_zero"], ["bad_nothing"]),
+        ]
+    )
+    for node in g.node:  # the first output gets the dead term added, so the Reshape is never pruned
+        node.output[:] = [f"{o}_inner" if o == first.name else o for o in node.output]
+    g.node.append(helper.make_node("Add", [f"{first.name}_inner", "bad_nothing"], [first.name]))
+    onnx.checker.check_model(m)
+    onnx.save(m, str(out))
+    return out
+
+
+def test_a_probation_verdict_whose_previous_takes_another_input_rolls_back_and_restarts(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    doc = device_doc(broker, demo, tmp_path, "cam-01")
+    cfg = write_config(tmp_path / "cam-01.yaml", doc)
+    install(cfg, front_as(demo, tmp_path, signer, 1))
+    broken = fails_on_real_frames(demo.packages[MODEL].model_path, tmp_path / "broken.onnx")
+    install(cfg, build(demo, tmp_path, signer, 2, model=broken))
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(cfg)
+    assert exited(d, 60) == 3, d.output()  # systemd's Restart=on-failure starts it again
+    assert "stopped for a restart" in d.output()
+    rolled = [m.json() for m in sub.on("events") if m.json()["type"] == "model_rolled_back"]
+    assert rolled and rolled[0]["code"] == "probation_failed" and rolled[0]["restart"] is True, rolled
+    view = store_view(tmp_path / "cam-01")
+    assert (view["current"], view["bad"]) == (1, [2]), view
+    d = start_daemon(cfg)  # what the restart does: version 1, with cameras sized for it
+    wait_results(sub, 1)
     assert d.stop() == 0
 
 
