@@ -47,7 +47,7 @@ class StateLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise StateDirError(
-                f"state_dir {state_dir}: cannot create the lock file {self.path}: {exc.strerror} "
+                f"state_dir {state_dir}: cannot write the lock file {self.path}: {exc.strerror} "
                 "(edged needs a writable state directory)"
             ) from exc
         try:

@@ -377,10 +377,13 @@ def mount_ro(path: Path) -> None:
         pytest.skip(f"cannot remount read-only here: {r.stderr.strip()}")
 
 
+@pytest.mark.parametrize("ran_before", [False, True], ids=["fresh", "lock-file-there"])
 def test_a_read_only_state_dir_is_one_clear_error(
-    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, start_daemon
+    ran_before: bool, demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, start_daemon
 ) -> None:
     cfg, state = on_probation(demo, tmp_path, signer, broker)
+    if ran_before:
+        (state / "edged.lock").write_text("4242\n")  # left by an earlier run
     before = state_doc(state)
     mount_ro(state)
     try:
@@ -388,7 +391,7 @@ def test_a_read_only_state_dir_is_one_clear_error(
         d = start_daemon(cfg)
         assert exited(d, 60) == 1, d.output()
         out = d.output()
-        assert f"state_dir {state}: cannot create the lock file {state / 'edged.lock'}" in out, out
+        assert f"state_dir {state}: cannot write the lock file {state / 'edged.lock'}" in out, out
         assert "Read-only file system" in out and "Traceback" not in out, out
         assert time.monotonic() - t0 < 30
     finally:
