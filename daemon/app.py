@@ -27,7 +27,17 @@ import numpy as np
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel, ConfigDict
 
-from edged.errors import BackendError, ConfigError, DecoderError, EdgedError, EngineLoadError, PackageError, SwapError
+from edged.errors import (
+    BackendError,
+    CaptureError,
+    ConfigError,
+    DecoderError,
+    EdgedError,
+    EngineLoadError,
+    PackageError,
+    PublishError,
+    StateDirError,
+)
 from edged.models.package import Package, open_package
 from edged.models.store import Store, crash_at_env_step
 
@@ -44,6 +54,7 @@ from .preprocess import Preprocessor
 from .publish import Publisher, iso
 from .sensors import Sensors
 from .spool import Spool
+from .startup import Signals, StateLock, StoppedBeforeStart
 from .swap import ModelManager, check_io
 from .systemd import Watchdog, monotonic_usec, notify, set_log_model
 
@@ -51,6 +62,17 @@ logger = logging.getLogger(__name__)
 
 TELEMETRY_SCHEMA = "edged.telemetry/1"
 SNAPSHOT_MIN_INTERVAL_S = 2.0
+# A start that fails with one of these was not the model's doing: a model on probation is not blamed.
+NOT_THE_MODEL: tuple[type[BaseException], ...] = (
+    ConfigError,
+    StateDirError,
+    CaptureError,
+    PublishError,
+    StoppedBeforeStart,
+    KeyboardInterrupt,
+)
+# What verifying the store's `current` raises when its files are damaged on disk (it is rolled back).
+CORRUPT_CODES = frozenset({"hash_mismatch", "size_mismatch", "file_missing", "not_a_package", "manifest_invalid"})
 RESTART_KEYS = ("device_id", "state_dir", "mqtt", "spool", "model", "cameras", "inference", "ota", "groups")
 
 
@@ -96,22 +118,52 @@ class RunSummary:
 
 
 class Daemon:
-    def __init__(self, cfg: Config, backend: Backend | None = None, config_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        backend: Backend | None = None,
+        config_path: Path | None = None,
+        signals: Signals | None = None,
+        lock: StateLock | None = None,
+    ) -> None:
         """`backend`: an already open backend for the package (benchmarks pass a stand-in); else one is opened.
-        `config_path`: the file `reload` (the command, or SIGHUP) reads again."""
+        `config_path`: the file `reload` (the command, or SIGHUP) reads again. `signals`: handlers already
+        installed (`edged run` installs them first thing), so a stop during start-up is a clean one.
+        `lock`: the state directory's lock, when the caller took it; else it is taken here, before anything
+        in the state directory is touched (StateDirError when another daemon holds it)."""
         self.cfg = cfg
         self.config_path = config_path
         self.boot_id = uuid.uuid4().hex
-        self.stop_event = threading.Event()
+        self.signals = signals
+        self.stop_event = signals.stop if signals is not None else threading.Event()
         self.cond = threading.Condition()
         self.started = time.monotonic()
-        shutil.rmtree(cfg.state_dir / "staging", ignore_errors=True)  # scratch, wiped at start
+        self.lock = lock or StateLock(cfg.state_dir)
         self.store: Store | None = None
+        self._marked: str | None = None  # the model whose probation marker this run wrote
+        self.restart_reason = ""  # set when the daemon stops for systemd to start it again
+        try:
+            self._start(backend)
+        except BaseException as exc:
+            self._start_failed(exc)
+            raise
+        if signals is not None:
+            signals.on_stop(self.request_stop)
+
+    def _start(self, backend: Backend | None) -> None:
+        """Start-up work that no model can cause to fail comes first (state directory, store, spool); the
+        probation marker is written just before the model is opened (see `_judge_crashes`)."""
+        cfg = self.cfg
+        shutil.rmtree(cfg.state_dir / "staging", ignore_errors=True)  # scratch, wiped at start
         self._start_events: list[dict[str, Any]] = []  # what happened before the publisher was there
         if cfg.model.name is not None:
             self.store = Store(cfg.state_dir, keep=cfg.model.keep_versions)
             for line in self.store.recover():
                 logger.warning("model store: %s", line)
+        self.spool = Spool(cfg.state_dir / "spool.db", int(cfg.spool.max_mb * 2**20), cfg.spool.max_age_s)
+        if self.stop_event.is_set():  # a SIGTERM during the work above: no model opened, nothing to blame
+            raise StoppedBeforeStart("stop requested before the model was opened")
+        if cfg.model.name is not None:
             self._judge_crashes(cfg.model.name)
         try:
             package, backend, decoder = self._open_model(backend)
@@ -128,7 +180,6 @@ class Daemon:
             Camera(c, Preprocessor(m.input), self.cond, self.stop_event, throttle=self.throttle) for c in cfg.cameras
         ]
         self.cam_latency = {c.name: Window() for c in cfg.cameras}
-        self.spool = Spool(cfg.state_dir / "spool.db", int(cfg.spool.max_mb * 2**20), cfg.spool.max_age_s)
         self.commands = Commands(cfg.topic_root, self._reply)
         self.loop = InferenceLoop(
             self.cameras,
@@ -150,6 +201,7 @@ class Daemon:
             self._event,
             lambda doc: self.publisher.set_retained("model/state", doc),
             lambda: _memory_mb().get("rss_mb", 0.0),
+            restart=self._restart,
         )
         self.publisher = Publisher(
             cfg.mqtt,
@@ -226,24 +278,33 @@ class Daemon:
         return package, backend, decoder
 
     def _rollback_unloadable(self, exc: EdgedError) -> bool:
-        """The store's current version is on probation and cannot be loaded: roll it back at once (no crash
-        loop) and say so; False when that does not apply and the error stands."""
+        """The store's current version cannot be opened: roll back to `previous` at once (no crash loop) and
+        say so; False when that does not apply and the error stands. A current version whose files fail
+        their sizes or hashes is rolled back whether or not it is on probation (`current_corrupt`: the
+        intact previous serves rather than no model at all); one that verifies but does not load only while
+        it is on probation (`load_failed`: a committed model has nothing older to blame)."""
         name = self.cfg.model.name
         if self.store is None or name is None:
             return False
         cur = self.store.pointer(name, "current")
-        if cur is None or self.store.state(name).pending != cur:
+        if cur is None:
+            return False
+        if isinstance(exc, PackageError) and exc.code in CORRUPT_CODES:
+            return self._rollback_at_start(name, f"{name}@{cur} is corrupt on disk: {exc}", "current_corrupt")
+        if self.store.state(name).pending != cur:
             return False
         return self._rollback_at_start(name, f"{name}@{cur} does not load: {exc}", "load_failed")
 
     def _rollback_at_start(self, name: str, reason: str, code: str) -> bool:
         """Roll the store back before anything is loaded; the event goes out once the publisher runs."""
-        assert self.store is not None
+        if self.store is None:
+            raise ValueError("no model store")
         try:
             was, now = self.store.rollback(name, reason)
         except PackageError as exc:
             logger.error("model %s: %s, but it cannot be rolled back: %s", name, reason, exc)
             return False
+        self._marked = None  # the rollback ended the probation, marker and all
         logger.error("model %s@%d rolled back to %d at start: %s", name, was, now, reason)
         self._start_events.append(
             {
@@ -257,14 +318,28 @@ class Daemon:
         return True
 
     def _judge_crashes(self, name: str) -> None:
-        """A version on probation whose daemon died more than model.probation_max_crashes times is rolled
+        """Write the probation marker, just before the model is opened, and judge the crashes it counts.
+
+        The marker (state.json `probation_boot`) says "a run is judging the version on probation". It is
+        written only here, after the start-up work no model can make fail (lock, state directory, store
+        recovery, spool), and cleared by every end the model did not cause: a clean stop, a SIGTERM or
+        SIGINT in any phase (during the load or the warm-up too), a start that fails with a typed error
+        that is not the model's (`NOT_THE_MODEL`). A run that leaves it behind died with the model loaded
+        or loading (a SIGKILL, the OOM killer, a segfault in the runtime, the watchdog, an unexpected
+        exception): the next run to reach this point counts that as a crash. A start refused earlier (a
+        bad config, the lock held by another daemon, an unwritable state directory, a corrupt spool)
+        never gets here, so it neither counts nor clears an earlier run's crash.
+
+        A version on probation whose daemon died more than model.probation_max_crashes times is rolled
         back before it is loaded again (a crash loop never reaches the probation check)."""
-        assert self.store is not None
+        if self.store is None:
+            raise ValueError("no model store")
         st = self.store.state(name)
         if st.pending is None or st.pending != self.store.pointer(name, "current"):
             return
         crash_at_env_step("probation_start")  # test seam: a crash loop the daemon cannot judge itself
         crashes = self.store.probation_run(name, self.boot_id)
+        self._marked = name
         limit = self.cfg.model.probation_max_crashes
         if crashes <= limit:
             if crashes:
@@ -275,14 +350,34 @@ class Daemon:
         reason = f"the daemon crashed {crashes} times while {name}@{st.pending} was on probation"
         self._rollback_at_start(name, reason, "probation_crashes")
 
+    def _start_failed(self, exc: BaseException) -> None:
+        """A start that ends in an error releases what it holds. The probation marker stays (a crash, at the
+        next start) only when the model could have caused the failure."""
+        if self._marked is not None and self.store is not None and isinstance(exc, NOT_THE_MODEL):
+            logger.warning(
+                "start failed for a reason that is not the model's (%s); not counted against %s on probation",
+                getattr(exc, "code", type(exc).__name__),
+                self._marked,
+            )
+            try:
+                self.store.probation_run(self._marked, None)
+            except StateDirError as clear_exc:
+                logger.error("could not clear the probation marker: %s", clear_exc)
+        spool = vars(self).get("spool")
+        if isinstance(spool, Spool):
+            spool.close()
+        self.lock.release()
+
     # --- commands ------------------------------------------------------------------------------
     def _no_ota(self, why: str) -> dict[str, Any]:
         raise CommandError("not_supported", f"this device takes no pushed models: {why}")
 
     def _cmd_rollback(self) -> dict[str, Any]:
+        """Serve the previous version, then roll the store back; a refusal (no previous, another input spec,
+        does not load) changes neither, and the reply carries its code."""
         try:
             return self.models.rollback("rolled back by command", code="by_command")
-        except (PackageError, SwapError) as exc:
+        except EdgedError as exc:
             raise CommandError(exc.code, str(exc)) from exc
 
     def _reply(self, topic: str, payload: bytes, props: Properties | None) -> None:
@@ -385,6 +480,13 @@ class Daemon:
             if self.publisher.connected:
                 self.publisher.publish_status("online")  # the retained status names the model
 
+    def _restart(self, reason: str) -> None:
+        """Stop, for systemd to start the daemon again (exit 3): a probation rollback that cannot be done live
+        (the previous version takes another input) has rolled the store back; the next start serves it."""
+        logger.error("stopping for a restart: %s", reason)
+        self.restart_reason = reason
+        self.request_stop()
+
     def _fatal(self, reason: str) -> None:
         """The governor's hard stops (memory hard limit, critical temperature with action exit)."""
         if not self.stop_reason:
@@ -409,7 +511,8 @@ class Daemon:
         self.last_dets[r.camera] = [d.to_json() for d in r.detections]
         self.publisher.submit(r)
 
-    def _on_sighup(self, signum: int, frame: FrameType | None) -> None:
+    def _reload_in_background(self) -> None:
+        """SIGHUP once ready: reload off the main thread (which keeps ticking the watchdog)."""
         threading.Thread(target=self._reload_logged, name="reload", daemon=True).start()
 
     def _reload_logged(self) -> None:
@@ -486,8 +589,16 @@ class Daemon:
         }
 
     def run(self, duration_s: float | None = None, install_signals: bool = True) -> RunSummary:
+        """Warm up, serve until stopped, shut down. `install_signals`: install the SIGTERM / SIGINT / SIGHUP
+        handlers here unless the constructor was given them (main thread only)."""
+        if install_signals and self.signals is None:
+            self.signals = Signals(self.stop_event)
+            self.signals.install()
+            self.signals.on_stop(self.request_stop)
         m = self.package.manifest
-        warm_ms = self.loop.warm_up(self.cfg.inference.warmup_batches)
+        warm_ms = self._warm_up()
+        if warm_ms is None:
+            return self._stop_before_ready()
         logger.info(
             "model %s loaded on %s, batch %d, warm-up batch %.1f ms",
             self.package.ref,
@@ -495,10 +606,6 @@ class Daemon:
             m.input.batch,
             warm_ms,
         )
-        if install_signals:
-            signal.signal(signal.SIGTERM, self.request_stop)
-            signal.signal(signal.SIGINT, self.request_stop)
-            signal.signal(signal.SIGHUP, self._on_sighup)
         self.commands.start()
         self.publisher.start()
         for ev in self._start_events:
@@ -521,6 +628,8 @@ class Daemon:
         # in STATUS= and telemetry), so a camera down at boot cannot make systemd restart a healthy daemon.
         set_log_model(self.package.ref)
         notify(f"READY=1\nSTATUS={self.status_line()}")
+        if self.signals is not None:
+            self.signals.ready(self._reload_in_background)  # SIGHUP reloads from now on
         watchdog = Watchdog()
         deadline = None if duration_s is None else self.started + duration_s
         next_tel = time.monotonic() + self.cfg.telemetry.interval_s
@@ -556,6 +665,32 @@ class Daemon:
             self.stop_reason,
         )
 
+    def _warm_up(self) -> float | None:
+        """Warm-up batches, one at a time: a stop request ends it at the next batch boundary (None)."""
+        n = self.cfg.inference.warmup_batches
+        logger.info("model %s loaded on %s; warming up (%d batches)", self.package.ref, self.backend_name, n)
+        notify(f"STATUS=warming up {self.package.ref} ({n} batches)")
+        ms = 0.0
+        for done in range(n):
+            if self.stop_event.is_set():
+                logger.info("stop requested during the warm-up (%d of %d batches done)", done, n)
+                return None
+            ms = self.loop.warm_up(1)
+        return None if self.stop_event.is_set() else ms
+
+    def _stop_before_ready(self) -> RunSummary:
+        """A stop before READY=1 (a SIGTERM during the model load or the warm-up): nothing was started, so
+        close the model, the spool and the lock; the probation marker goes too (this is no crash)."""
+        notify("STOPPING=1\nSTATUS=stopping before ready")
+        self.models.close()
+        active = self.loop.active
+        if active is not None:
+            active.backend.close()
+        self.spool.close()
+        self.lock.release()
+        logger.info("stopped cleanly before serving")
+        return RunSummary(0, 0, _memory_mb().get("peak_rss_mb", 0.0), time.monotonic() - self.started, self.stop_reason)
+
     def _health(self, now: float, stall_s: float) -> tuple[bool, str]:
         """The watchdog's question: are the inference loop and the MQTT network thread making progress?"""
         stalled = now - self.loop.stats.last_progress
@@ -586,6 +721,7 @@ class Daemon:
             active = self.loop.active
             if active is not None:
                 active.backend.close()
+            self.lock.release()
         logger.info("stopped cleanly")
 
     def _model_bytes(self) -> int:

@@ -134,7 +134,9 @@ class ModelManager:
         event: Callable[[dict[str, Any]], None],
         publish_state: Callable[[dict[str, Any]], None],
         rss_mb: Callable[[], float],
+        restart: Callable[[str], None] | None = None,
     ) -> None:
+        """`restart`: stop the daemon for systemd to start it again (a rollback that cannot be done live)."""
         self.cfg = cfg
         self.store = store
         self.loop = loop
@@ -144,6 +146,7 @@ class ModelManager:
         self._event = event
         self._publish_state = publish_state
         self._rss_mb = rss_mb
+        self._restart = restart
         self._lock = threading.Lock()
         self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swap")
         self.probation: Probation | None = None
@@ -289,15 +292,39 @@ class ModelManager:
             return {"model": {"name": name, "version": pkg.manifest.version}}
 
     def rollback(self, reason: str, code: str = "rolled_back") -> dict[str, Any]:
-        """Roll the store back to `previous` (marking the current version bad) and serve that."""
+        """Serve `previous` and roll the store back to it (marking the current version bad).
+
+        The previous version is loaded and warmed up first, while the current one keeps serving; the store
+        changes only once it serves, and a failed store write flips the current one back. So the store and
+        what serves never disagree: a refused rollback (the previous version changes the input spec, does
+        not load, ...) leaves both as they were, and says so on ``…/events`` (`model_rollback_failed`) and
+        in ``…/model/state``. A probation verdict whose previous version takes another input stands: the
+        store is rolled back and the daemon restarts (`restart`) to serve it."""
         if self.store is None:
             raise SwapError("this daemon runs model.package, not the store: nothing to roll back to")
         name = self.package.manifest.name
         with self._lock:
-            was, now = self.store.rollback(name, reason)
-            prev = self.store.current(name)
-            new = self.open_candidate(prev)
+            was = self.package.manifest.version
+            try:
+                prev = self.store.previous(name)
+                if prev.manifest.input != self.package.manifest.input:
+                    raise SwapError(
+                        f"{prev.ref} takes another input (shape {prev.manifest.input.shape}, layout "
+                        f"{prev.manifest.input.layout}; running: shape {self.package.manifest.input.shape}, layout "
+                        f"{self.package.manifest.input.layout}): it cannot be swapped in live. Roll back with "
+                        "`edged model rollback` and restart the daemon",
+                        code="input_changed",
+                    )
+                new = self.open_candidate(prev)
+            except EdgedError as exc:
+                return self._rollback_refused(name, was, reason, code, exc)
             old = self.loop.flip(new)
+            try:
+                was, now = self.store.rollback(name, reason)
+            except EdgedError:
+                self.loop.flip(old)  # the store did not change: neither does what serves
+                new.backend.close()
+                raise
             if old is not None:
                 old.backend.close()
             self.package = prev
@@ -305,6 +332,23 @@ class ModelManager:
             logger.warning("model %s@%d rolled back to %d: %s", name, was, now, reason)
             self._outcome("model_rolled_back", f"{name}@{was}", to=now, reason=reason, code=code)
             return {"from": was, "to": now, "reason": reason}
+
+    def _rollback_refused(self, name: str, was: int, reason: str, code: str, exc: EdgedError) -> dict[str, Any]:
+        """The previous version cannot serve now: refuse, nothing changes. Except for a probation verdict
+        when the previous version only takes another input: the version on probation is still bad, so the
+        store is rolled back and the daemon restarts to serve the previous one (its cameras sized for it)."""
+        live_only = exc.code != "input_changed" or code == "by_command"
+        if live_only or self.store is None or self._restart is None:
+            logger.error("model %s@%d: rollback refused, nothing changed: %s", name, was, exc)
+            self._outcome("model_rollback_failed", f"{name}@{was}", code=exc.code, error=str(exc), reason=reason)
+            raise exc
+        _, now = self.store.rollback(name, reason)
+        self.probation = None
+        why = f"{name}@{was} rolled back to {now} ({reason}); {exc.code}: restarting to serve {now}"
+        logger.error("model %s", why)
+        self._outcome("model_rolled_back", f"{name}@{was}", to=now, reason=reason, code=code, restart=True)
+        self._restart(why)
+        return {"from": was, "to": now, "reason": reason, "restart": True}
 
     # ---- probation -------------------------------------------------------------------------
     def check_probation(self, now: float) -> None:

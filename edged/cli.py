@@ -399,18 +399,34 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # Signals first (before the heavy imports): a SIGTERM in any phase is a clean stop, a SIGHUP never kills.
+    from edged.daemon.startup import Signals, StateLock, StoppedBeforeStart
+
+    signals = Signals()
+    signals.install()
     from edged.daemon.app import Daemon
     from edged.daemon.config import load_config
 
     cfg = load_config(args.config)
     logging.getLogger().setLevel(logging.DEBUG if args.verbose else cfg.log_level.upper())
-    daemon = Daemon(cfg, config_path=args.config)
+    if signals.stop.is_set():
+        print(f"edged: stopped by {signals.received} before the start", file=sys.stderr)
+        return 0
+    lock = StateLock(cfg.state_dir)  # before anything touches the state directory
+    try:
+        daemon = Daemon(cfg, config_path=args.config, signals=signals, lock=lock)
+    except StoppedBeforeStart:
+        print(f"edged: stopped by {signals.received} before the model was opened", file=sys.stderr)
+        return 0
     summary = daemon.run(args.duration)
     print(
         f"edged: {summary.results} results in {summary.batches} batches over {summary.seconds:.1f} s; "
         f"peak RSS {summary.peak_rss_mb:.0f} MB",
         file=sys.stderr,
     )
+    if daemon.restart_reason:  # a probation rollback that cannot be done live: systemd starts us again
+        print(f"edged: stopped for a restart: {daemon.restart_reason}", file=sys.stderr)
+        return 3
     if summary.stop_reason:
         print(f"edged: stopped by the governor: {summary.stop_reason}", file=sys.stderr)
         return 3

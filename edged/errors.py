@@ -11,7 +11,8 @@
     ├── PackageError                a model package is malformed or fails verification (`code` says which)
     ├── FetchError                  a demo asset could not be fetched or failed its pinned hash
     ├── QuantizeError               quantizing or building an engine failed, or its accuracy gate did
-    └── SwapError                   a model swap was refused or failed
+    ├── SwapError                   a model swap was refused or failed
+    └── StateDirError               the state directory cannot be written, or another edged holds its lock
 
 Third-party exceptions are translated at the boundary: ``raise EngineLoadError(...) from exc``.
 Programmer errors stay ``ValueError`` / ``TypeError``.
@@ -73,3 +74,9 @@ class QuantizeError(EdgedError):
 
 class SwapError(EdgedError):
     code = "swap_failed"
+
+
+class StateDirError(EdgedError):
+    """Not the model's fault: a start that fails with it is never counted against a model on probation."""
+
+    code = "state_dir_unwritable"

@@ -42,6 +42,13 @@ def run(args: argparse.Namespace) -> int:
             # a model that already passed probation stays stopped for someone to look at
             print(f"model {name}: current version {cur} is not on probation; nothing rolled back", file=sys.stderr)
             return 1
+        if args.if_probation and not store.probation_blames(name):
+            # the failed starts never got as far as the model (a bad config, a locked or unwritable state dir)
+            print(
+                f"model {name}: {cur} is on probation, but no run died with it loaded; nothing rolled back",
+                file=sys.stderr,
+            )
+            return 1
         was, now = store.rollback(name)
         print(f"model {name}: rolled back from {was} (marked bad) to {now}")
         return 0

@@ -4,18 +4,19 @@
     <state_dir>/models/<name>/current  -> versions/<v>     symlink, swapped by rename
     <state_dir>/models/<name>/previous -> versions/<v'>
     <state_dir>/models/<name>/state.json                 highest accepted, probation, versions marked bad
+    <state_dir>/models/<name>/state.json.bak             its copy, written just before it
     <state_dir>/staging/                                   scratch, wiped at start
 
 Every write that must survive a power cut is: write a temp file -> fsync -> os.replace -> fsync the
 folder. A version folder appears under ``versions/`` only complete (staged, checked, fsynced, renamed
 in). ``recover()`` (run at every start) wipes staging and temp files, quarantines a corrupt
-``state.json`` and rebuilds it from what is on disk, and points a dangling ``current`` at
-``previous``. So after a crash at any step exactly one of old / new is ``current``.
+``state.json`` and restores it from ``state.json.bak`` (else rebuilds it from what is on disk), and
+points a dangling ``current`` at ``previous``. So after a crash at any step exactly one of old / new is ``current``.
 
 Verification of an offered package runs in the order of DESIGN §5 and stops at the first failure,
 each with its own code, before anything is copied: size caps -> key pinned -> signature -> strict
 parse -> not expired -> version above the highest accepted (equal: nothing to do) -> not marked bad
--> compatible with this device -> space -> every file's size and hash.
+-> an engine declares its compatibility, and it matches this device -> space -> every file's size and hash.
 """
 
 from __future__ import annotations
@@ -32,13 +33,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from edged.errors import PackageError
+from edged.errors import PackageError, StateDirError
 
 from .compat import DeviceFacts, detect, mismatches
 from .package import MANIFEST, MAX_MANIFEST_BYTES, Manifest, Package, parse_manifest, verify_folder
 from .signing import SIG_FILE, TrustStore
 
 STATE = "state.json"
+STATE_BACKUP = "state.json.bak"  # the same bytes, written just before state.json (see Store._save)
 MAX_FILE_BYTES = 8 << 30  # no single model file over 8 GiB
 
 # Crash-test seam: EDGEDTEST_CRASH_AT=<step> SIGKILLs the process when the store reaches <step> (the
@@ -62,21 +64,28 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
+    """StateDirError, naming the file, when it cannot be written (a read-only or full file system)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        raise StateDirError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
 def link_atomic(link: Path, target: str) -> None:
     tmp = link.with_name(f".{link.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    os.symlink(target, tmp)
-    os.replace(tmp, link)
-    fsync_dir(link.parent)
+    try:
+        tmp.unlink(missing_ok=True)
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+        fsync_dir(link.parent)
+    except OSError as exc:
+        raise StateDirError(f"cannot point {link} at {target}: {exc.strerror or exc}") from exc
 
 
 @dataclass
@@ -162,6 +171,14 @@ class Store:
             raise PackageError(f"model {name!r}: nothing installed in {self.root}", code="not_found")
         return verify_folder(link)
 
+    def previous(self, name: str) -> Package:
+        """The version a rollback would make current, verified (from its versions/ folder, which outlives
+        the `previous` link); PackageError(no_previous) when there is none to go back to."""
+        cur, prev = self.pointer(name, "current"), self.pointer(name, "previous")
+        if cur is None or prev is None or prev == cur or prev in self.state(name).bad:
+            raise PackageError(f"model {name!r}: no previous version to roll back to", code="no_previous")
+        return verify_folder(self._dir(name) / "versions" / str(prev))
+
     # ---- start-up recovery -----------------------------------------------------------------
     def recover(self) -> list[str]:
         """Make the store consistent after whatever happened last; returns what it did, in words."""
@@ -184,10 +201,9 @@ class Store:
             except (ValueError, TypeError, OSError) as exc:
                 quarantine = d / f"{STATE}.corrupt-{int(time.time())}"
                 os.replace(d / STATE, quarantine)
-                versions = self.versions(name)
-                state = ModelState(highest_accepted=max(versions, default=0))
-                write_atomic(d / STATE, state.to_json())
-                done.append(f"{name}: {STATE} was corrupt ({exc}); kept as {quarantine.name}, rebuilt from disk")
+                state, source = self._rebuilt_state(name)
+                self._save(name, state)
+                done.append(f"{name}: {STATE} was corrupt ({exc}); kept as {quarantine.name}, {source}")
             for which in ("current", "previous"):
                 link = d / which
                 if link.is_symlink() and not link.exists():
@@ -220,6 +236,40 @@ class Store:
                     link_atomic(d / "current", f"versions/{fallback}")
                     done.append(f"{name}: current -> {fallback}")
         return done
+
+    def _rebuilt_state(self, name: str) -> tuple[ModelState, str]:
+        """The state to go on with when state.json is corrupt: its backup copy (which keeps the versions
+        marked bad, the probation and its crash count), else what the disk shows (every version good)."""
+        versions = self.versions(name)
+        backup = self._dir(name) / STATE_BACKUP
+        try:
+            state = ModelState.parse(backup.read_bytes())
+        except (ValueError, TypeError, OSError) as exc:
+            why = "missing" if isinstance(exc, FileNotFoundError) else f"unusable too ({exc})"
+            state = ModelState(highest_accepted=max(versions, default=0))
+            return state, f"rebuilt from disk (its backup {STATE_BACKUP} is {why}; the versions marked bad are lost)"
+        state.highest_accepted = max(state.highest_accepted, *versions, 0)
+        return state, f"restored from its backup {STATE_BACKUP} (bad versions {sorted(state.bad)})"
+
+    def _save(self, name: str, state: ModelState) -> None:
+        """state.json, after its backup copy (both written atomically): a state.json damaged later (by the
+        disk, by hand) is restored from the backup at the next start instead of being rebuilt from disk."""
+        d = self._dir(name)
+        data = state.to_json()
+        write_atomic(d / STATE_BACKUP, data)
+        write_atomic(d / STATE, data)
+
+    def probation_blames(self, name: str) -> bool:
+        """True when the version on probation (still current) has evidence against it: a run died with it
+        loaded (its marker left behind) or crashes were counted. Starts that failed before the model was
+        opened (a bad config, a locked or unwritable state directory) leave no evidence."""
+        state = self.state(name)
+        cur = self.pointer(name, "current")
+        return (
+            cur is not None
+            and state.pending == cur
+            and (state.probation_boot is not None or state.probation_crashes > 0)
+        )
 
     # ---- verification ----------------------------------------------------------------------
     def check_offer(
@@ -260,6 +310,13 @@ class Store:
                 code="older_version",
             )
         same = m.version == state.highest_accepted and self.pointer(m.name, "current") == m.version
+        if m.kind == "engine" and not m.compatibility:  # an engine runs only where it was built: it must say where
+            raise PackageError(
+                f"{where}: {m.name}@{m.version} is a TensorRT engine whose manifest declares no compatibility "
+                "(TensorRT version, GPU compute capability, L4T release, platform); it cannot be checked "
+                "against this device. Rebuild it with `edged build-engine`, which records them",
+                code="compatibility_missing",
+            )
         if m.kind == "engine" and facts is not None:  # ONNX packages run anywhere ONNX Runtime does
             problems = mismatches(m.compatibility, facts)
             if problems:
@@ -345,7 +402,7 @@ class Store:
         state.highest_accepted = max(state.highest_accepted, version)
         state.pending, state.probation_crashes, state.probation_since = version, 0, time.time()
         state.probation_boot, state.baseline_infer_ms = None, baseline_infer_ms
-        write_atomic(d / STATE, state.to_json())
+        self._save(name, state)
         self._step("state_written")
         if old is not None and old != version:
             link_atomic(d / "previous", f"versions/{old}")
@@ -360,7 +417,7 @@ class Store:
         state = self.state(name)
         state.pending, state.probation_crashes, state.probation_since = None, 0, None
         state.probation_boot = state.baseline_infer_ms = None
-        write_atomic(self._dir(name) / STATE, state.to_json())
+        self._save(name, state)
 
     def probation_run(self, name: str, boot_id: str | None) -> int:
         """A daemon run starts (`boot_id`) or stops cleanly (None) judging the version on probation.
@@ -372,7 +429,7 @@ class Store:
         if boot_id is not None and state.probation_boot is not None:
             state.probation_crashes += 1
         state.probation_boot = boot_id
-        write_atomic(self._dir(name) / STATE, state.to_json())
+        self._save(name, state)
         return state.probation_crashes
 
     def mark_bad(self, name: str, version: int) -> None:
@@ -381,7 +438,7 @@ class Store:
         if version not in state.bad:
             state.bad.append(version)
             self._dir(name).mkdir(parents=True, exist_ok=True)
-            write_atomic(self._dir(name) / STATE, state.to_json())
+            self._save(name, state)
 
     def rollback(self, name: str, reason: str = "rolled back") -> tuple[int, int]:
         """current -> previous; the version that was current is marked bad. Returns (from, to)."""
@@ -394,7 +451,7 @@ class Store:
             state.bad.append(cur)
         state.pending, state.probation_crashes, state.probation_since = None, 0, None
         state.probation_boot = state.baseline_infer_ms = None
-        write_atomic(d / STATE, state.to_json())
+        self._save(name, state)
         self._step("marked_bad")
         link_atomic(d / "current", f"versions/{prev}")
         self._step("rolled_back")

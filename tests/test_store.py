@@ -373,6 +373,10 @@ def test_rollback_if_probation_acts_once_per_version(demo: DemoAssets, tmp_path:
     cfg = device_config(tmp_path)
     for v in (1, 2):
         assert edged_cli("model", "install", str(make_package(demo, tmp_path, key, v)), "-c", str(cfg)).returncode == 0
+    # failed starts that never opened the model (a bad config, say) leave no evidence against it
+    r = edged_cli("model", "rollback", "--if-probation", "-c", str(cfg))
+    assert r.returncode == 1 and "no run died with it loaded; nothing rolled back" in r.stderr, r.stderr
+    Store(tmp_path / "state").probation_run("blazeface-back", "a-run-that-died")  # its marker, left behind
     r = edged_cli("model", "rollback", "--if-probation", "-c", str(cfg))  # name from model.name
     assert r.returncode == 0 and "rolled back from 2 (marked bad) to 1" in r.stdout, r.stderr
     r = edged_cli("model", "rollback", "--if-probation", "-c", str(cfg))

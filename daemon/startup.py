@@ -1,0 +1,133 @@
+"""What `edged run` does before the model loads: signals from the first moment, one daemon per state directory.
+
+    parse args -> Signals.install() -> load config -> StateLock(<state_dir>/edged.lock) -> Daemon: staging,
+        store recovery, spool -> probation marker -> model load -> warm-up -> READY=1 -> Signals.ready()
+
+SIGTERM and SIGINT stop the daemon at the next safe point in every phase (a model load finishes first; a
+warm-up stops between two batches): exit 0, and a model on probation is not blamed. A SIGHUP that comes
+before the daemon is ready is remembered, and the config is reloaded once it is (the default action of
+SIGHUP would kill the process).
+
+The lock is an flock(2) on ``<state_dir>/edged.lock``, which holds the holder's pid. The kernel drops it
+when the process dies, however it dies, so a stale file never blocks a start. A second daemon on the same
+state directory exits at once, before it touches the store, the spool or the broker (it would share the
+spool and steal the first one's MQTT client id).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from edged.errors import StateDirError
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = "edged.lock"
+
+
+class StoppedBeforeStart(Exception):
+    """A stop signal came before the model was opened: `edged run` exits 0 without loading it."""
+
+
+class StateLock:
+    """The exclusive lock on a state directory, held from before anything in it is touched until exit."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / LOCK_FILE
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StateDirError(
+                f"state_dir {state_dir}: cannot write the lock file {self.path}: {exc.strerror} "
+                "(edged needs a writable state directory)"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_pid(fd)
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise StateDirError(
+                    f"state_dir {state_dir}: another edged (pid {holder or 'unknown'}) holds the lock {self.path}; "
+                    "one daemon per state directory (stop that one, or give this one its own state_dir)",
+                    code="locked",
+                ) from exc
+            raise StateDirError(f"state_dir {state_dir}: cannot lock {self.path}: {exc.strerror}") from exc
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:
+            os.close(fd)
+            raise StateDirError(
+                f"state_dir {state_dir}: cannot write the lock file {self.path}: {exc.strerror}"
+            ) from exc
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Unlock (the file stays: removing it would race with a daemon that has just opened it)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+class Signals:
+    """SIGTERM / SIGINT: stop at the next safe point, in any phase. SIGHUP: reload once ready; before that
+    it is remembered (and logged) and applied when the daemon becomes ready. Main thread only."""
+
+    def __init__(self, stop: threading.Event | None = None) -> None:
+        self.stop = stop or threading.Event()
+        self.received: str | None = None  # the stop signal's name, once one came
+        self._on_stop: Callable[[], None] | None = None
+        self._reload: Callable[[], None] | None = None
+        self._reload_pending = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        signal.signal(signal.SIGHUP, self._hup)
+
+    def on_stop(self, fn: Callable[[], None]) -> None:
+        """Called (in the main thread) when a stop signal arrives, after the stop event is set."""
+        self._on_stop = fn
+        if self.stop.is_set():
+            fn()
+
+    def ready(self, reload: Callable[[], None]) -> None:
+        """From now on SIGHUP calls `reload`; one that came during start-up is applied now."""
+        self._reload = reload
+        if self._reload_pending:
+            self._reload_pending = False
+            logger.info("applying the SIGHUP received during start-up: reloading the config")
+            reload()
+
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signal.Signals(signum).name
+        logger.info("received %s: stopping", self.received)
+        self.stop.set()
+        if self._on_stop is not None:
+            self._on_stop()
+
+    def _hup(self, signum: int, frame: FrameType | None) -> None:
+        if self._reload is not None:
+            self._reload()
+            return
+        if not self._reload_pending:
+            logger.info("received SIGHUP while starting: the config is reloaded once the daemon is ready")
+        self._reload_pending = True
