@@ -9,11 +9,30 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from edged.errors import PackageError
+from edged.errors import PackageError, StateDirError
 from edged.models.compat import detect
 from edged.models.package import open_package, pack_tar, verify_folder
 from edged.models.signing import SIG_FILE, TrustStore, load_signing_key
 from edged.models.store import Store, read_head
+
+
+def _recover_unless_served(store: Store, state_dir: Path) -> None:
+    """What a start of the daemon does (a consistent store, staging wiped), but only when no daemon holds
+    the state directory's lock: a running one recovered the store at its start, and its staging/ may hold
+    an over-the-air transfer being installed right now."""
+    from edged.daemon.startup import StateLock
+
+    try:
+        lock = StateLock(state_dir)
+    except StateDirError as exc:
+        if exc.code != "locked":
+            raise
+        return
+    try:
+        for line in store.recover():
+            print(f"store: {line}", file=sys.stderr)
+    finally:
+        lock.release()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,8 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     store = Store(cfg.state_dir, keep=cfg.model.keep_versions)
-    for line in store.recover():  # what a start of the daemon would do: a consistent store first
-        print(f"store: {line}", file=sys.stderr)
+    _recover_unless_served(store, cfg.state_dir)
     if verb == "list":
         return _list(store, args.json)
     if verb == "rollback":

@@ -411,3 +411,27 @@ def test_daemon_commits_a_version_after_its_probation(
     assert all(r["model"] == {"name": "blazeface-back", "version": 2} for r in sub.results())
     r = edged_cli("model", "rollback", "--if-probation", "-c", str(cfg))  # committed: nothing to blame
     assert r.returncode == 1 and "not on probation" in r.stderr
+
+
+def test_model_verbs_leave_a_running_daemons_staging_alone(demo: DemoAssets, tmp_path: Path, keys) -> None:
+    """`edged model list|install|rollback` recover the store only when no daemon holds the state directory's
+    lock: a running daemon's staging/ may hold an over-the-air install in progress."""
+    from edged.daemon.startup import StateLock
+
+    key, _ = keys
+    cfg = device_config(tmp_path)
+    assert edged_cli("model", "install", str(make_package(demo, tmp_path, key, 1)), "-c", str(cfg)).returncode == 0
+    in_flight = tmp_path / "state" / "staging" / "blazeface-back-2-4242" / "model.onnx"
+    in_flight.parent.mkdir(parents=True)
+    in_flight.write_bytes(b"half a transfer")
+    lock = StateLock(tmp_path / "state")  # what a running daemon holds (a real flock, another process)
+    try:
+        r = edged_cli("model", "list", "-c", str(cfg), "--json")
+        assert r.returncode == 0, r.stderr
+        assert in_flight.read_bytes() == b"half a transfer"
+    finally:
+        lock.release()
+    r = edged_cli("model", "list", "-c", str(cfg), "--json")  # no daemon: recovery as at a start
+    assert r.returncode == 0, r.stderr
+    assert "staging wiped" in r.stderr
+    assert not in_flight.exists()
