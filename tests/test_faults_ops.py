@@ -19,9 +19,11 @@ from edged.daemon.config import CameraConfig
 from edged.daemon.preprocess import Preprocessor
 from edged.models.demo import DemoAssets
 from edged.models.package import InputSpec
+from edged.models.signing import SigningKey
 
-from .conftest import base_config, free_port, wait_until, write_config
+from .conftest import Broker, base_config, free_port, wait_until, write_config
 from .test_capture import Consumer, mjpeg_server
+from .test_ota import build, device_doc, install, start_push, wait_results
 
 SPEC = InputSpec(name="x", shape=[1, 64, 64, 3], layout="NHWC")
 
@@ -64,6 +66,11 @@ def rig() -> Iterator[tuple[threading.Condition, threading.Event]]:
     cond, stop = threading.Condition(), threading.Event()
     yield cond, stop
     stop.set()
+
+
+def padding(path: Path, size: int) -> Path:
+    path.write_bytes(bytes(range(256)) * (size // 256))
+    return path
 
 
 def short_clip(demo: DemoAssets, out: Path, frames: int = 15) -> Path:
@@ -197,3 +204,71 @@ def check_boxes(results: list[dict[str, Any]], faces: list[list[float]], offset:
         assert max((iou(want[0], b) for b in boxes), default=0.0) >= 0.6, f"{want[0]} missed in {r['image']}: {boxes}"
         for b in boxes:
             assert max(iou(w, b) for w in want) >= 0.5, f"box {b} is on no face of {want} in {r['image']}"
+
+
+def test_two_pushes_of_one_package_at_once_both_end_promptly_and_truthfully(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    """Two operators push the same package to one device at the same moment. The device runs one
+    transfer (the second offer joins the first); each pusher must report what happened to the device,
+    well before its --timeout, instead of one of them waiting the whole timeout for a transfer that
+    is no longer its own."""
+    doc = device_doc(broker, demo, tmp_path, "cam-01")
+    doc["ota"] = {"chunk_kb": 4, "window": 1, "retry_s": 2}  # a slow transfer: the second offer lands in it
+    cfg = write_config(tmp_path / "cam-01.yaml", doc)
+    install(cfg, build(demo, tmp_path, signer, 1))
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(cfg)
+    wait_results(sub, 1)
+    v2 = build(demo, tmp_path, signer, 2, files={"padding.bin": padding(tmp_path / "padding.bin", 8 << 20)})
+    t0 = time.monotonic()
+    first = start_push(broker, v2, "--device", "cam-01", "--timeout", "60")
+    wait_until(lambda: any(m.json().get("state") == "downloading" for m in sub.on("ota/status")), 30, "a download")
+    second = start_push(broker, v2, "--device", "cam-01", "--timeout", "60")
+    outs = []
+    for p in (first, second):
+        out, _ = p.communicate(timeout=90)
+        outs.append((p.returncode, out, time.monotonic() - t0))
+    for rc, out, took in outs:
+        print(f"\nexit {rc} after {took:.1f} s:\n{out}")
+    for rc, out, took in outs:
+        assert "timed_out" not in out, out
+        assert took < 40, f"a pusher took {took:.0f} s of its 60 s timeout"
+        assert rc == 0 and "1 of 1 device(s) succeeded" in out, out
+    wait_results(sub, 2)
+    # the one whose transfer the other took over says so; both say how the device ended
+    assert any("via transfer" in out for _, out, _ in outs), outs
+    assert d.stop() == 0
+
+
+def test_a_pusher_whose_transfer_was_taken_over_takes_it_back_when_the_other_dies(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    doc = device_doc(broker, demo, tmp_path, "cam-01")
+    doc["ota"] = {"chunk_kb": 4, "window": 1, "retry_s": 2}
+    cfg = write_config(tmp_path / "cam-01.yaml", doc)
+    install(cfg, build(demo, tmp_path, signer, 1))
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(cfg)
+    wait_results(sub, 1)
+    v2 = build(demo, tmp_path, signer, 2, files={"padding.bin": padding(tmp_path / "padding.bin", 8 << 20)})
+    first = start_push(broker, v2, "--device", "cam-01", "--timeout", "90")
+    wait_until(lambda: any(m.json().get("state") == "downloading" for m in sub.on("ota/status")), 30, "a download")
+    second = start_push(broker, v2, "--device", "cam-01", "--timeout", "90")
+    assert second.stdout is not None
+    theirs = second.stdout.readline().split("transfer ")[1].split(")")[0]
+
+    def statuses_of(transfer: str) -> list[dict[str, Any]]:
+        return [m.json() for m in sub.on("ota/status") if m.json().get("transfer") == transfer]
+
+    wait_until(lambda: any(s["state"] == "downloading" for s in statuses_of(theirs)), 30, "the second's transfer")
+    second.kill()  # a real SIGKILL: nobody serves the transfer the device now runs
+    second.wait()
+    second.stdout.close()
+    t0 = time.monotonic()
+    out, _ = first.communicate(timeout=120)
+    print(f"\nthe first pusher ended {time.monotonic() - t0:.1f} s after the second died:\n{out}")
+    assert first.returncode == 0 and "1 of 1 device(s) succeeded" in out, out
+    assert time.monotonic() - t0 < 60
+    wait_results(sub, 2)
+    assert d.stop() == 0
