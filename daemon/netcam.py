@@ -13,10 +13,11 @@ So:
   No FFmpeg, no shared lock, and a camera that changes resolution mid-stream gives frames of the new
   size (FFmpeg's backend rescales every frame to the first one's size, so sizes and boxes were wrong).
 - Any other network source (``rtsp://``; HLS or a video file over ``http://``) still goes through
-  FFmpeg, but only after the server has answered here, within the open timeout: an RTSP ``OPTIONS``,
+  FFmpeg, but only after the server has answered here, within the open timeout: an RTSP ``DESCRIBE``,
   or the HTTP response itself. A server that accepts and never answers is caught without taking
-  OpenCV's lock. One that answers and then hangs inside FFmpeg's own open still holds that lock for
-  up to the open timeout.
+  OpenCV's lock, and so is one that answers ``OPTIONS`` and never ``DESCRIBE``. One that describes its
+  stream and then hangs inside FFmpeg's own open (at ``SETUP``/``PLAY``, or sends no media) still holds
+  that lock for up to the open timeout.
 """
 
 from __future__ import annotations
@@ -193,12 +194,16 @@ def open_http(uri: str, timeout_s: float) -> MjpegSource | None:
 
 
 def probe_rtsp(uri: str, timeout_s: float) -> None:
-    """Raise CaptureError unless the RTSP server answers an OPTIONS request within `timeout_s`."""
+    """Raise CaptureError unless the RTSP server answers a DESCRIBE within `timeout_s`. DESCRIBE, not
+    just OPTIONS: a camera whose RTSP front end still answers OPTIONS (FFmpeg's first request) but
+    whose stream is wedged may never answer DESCRIBE, and FFmpeg would wait for that holding its lock.
+    No credentials are sent (a 401 is an answer too), so none go out in the clear to a server that
+    would have asked for Digest."""
     tls = uri.startswith("rtsps")
     host, port = _address(uri, 322 if tls else 554)
     parts = urlsplit(uri)
     bare = urlunsplit(parts._replace(netloc=f"[{host}]:{port}" if ":" in host else f"{host}:{port}"))
-    request = f"OPTIONS {bare} RTSP/1.0\r\nCSeq: 1\r\nUser-Agent: edged\r\n\r\n".encode()
+    request = f"DESCRIBE {bare} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\nUser-Agent: edged\r\n\r\n"
     deadline = time.monotonic() + timeout_s
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as raw:
@@ -210,9 +215,9 @@ def probe_rtsp(uri: str, timeout_s: float) -> None:
                 ctx.verify_mode = ssl.CERT_NONE
                 sock = ctx.wrap_socket(raw, server_hostname=host)
             sock.settimeout(max(0.05, deadline - time.monotonic()))
-            sock.sendall(request)
+            sock.sendall(request.encode())
             answer = sock.recv(64)
     except OSError as exc:
-        raise _no_answer(uri, "RTSP OPTIONS", timeout_s, exc) from exc
+        raise _no_answer(uri, "RTSP DESCRIBE", timeout_s, exc) from exc
     if not answer.startswith(b"RTSP/"):
         raise CaptureError(f"{redact(uri)}: not an RTSP server (it answered {answer[:16]!r})")

@@ -30,12 +30,16 @@ SPEC = InputSpec(name="x", shape=[1, 64, 64, 3], layout="NHWC")
 
 class HangingServer:
     """A TCP server on 127.0.0.1 that accepts every connection and never sends a byte: a camera
-    whose network stack is up and whose streaming process is wedged."""
+    whose network stack is up and whose streaming process is wedged. With `rtsp_options`, it answers
+    RTSP OPTIONS requests (what FFmpeg sends first) and nothing else: a camera whose RTSP front end
+    is alive and whose stream is not."""
 
-    def __init__(self) -> None:
+    def __init__(self, rtsp_options: bool = False) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = int(self.sock.getsockname()[1])
         self.accepted: list[socket.socket] = []
+        self.options = 0  # OPTIONS requests answered
+        self._rtsp_options = rtsp_options
         self._closed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -45,7 +49,29 @@ class HangingServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            self.accepted.append(conn)  # held open, never answered
+            self.accepted.append(conn)  # held open, never answered (but OPTIONS, when asked to)
+            if self._rtsp_options:
+                threading.Thread(target=self._answer_options, args=(conn,), daemon=True).start()
+
+    def _answer_options(self, conn: socket.socket) -> None:
+        buf = b""
+        while True:
+            try:
+                data = conn.recv(4096)
+            except OSError:
+                return
+            if not data:
+                return
+            buf += data
+            while b"\r\n\r\n" in buf:
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                cseq = next(
+                    (ln.split(b":", 1)[1].strip() for ln in head.split(b"\r\n") if ln.lower().startswith(b"cseq")), b"1"
+                )
+                if head.startswith(b"OPTIONS"):
+                    self.options += 1
+                    reply = b"RTSP/1.0 200 OK\r\nCSeq: " + cseq + b"\r\nPublic: OPTIONS, DESCRIBE, SETUP, PLAY\r\n\r\n"
+                    conn.sendall(reply)
 
     def close(self) -> None:
         self._closed.set()
@@ -54,9 +80,9 @@ class HangingServer:
             c.close()
 
 
-@pytest.fixture
-def hanging() -> Iterator[HangingServer]:
-    s = HangingServer()
+@pytest.fixture(params=[False])
+def hanging(request: pytest.FixtureRequest) -> Iterator[HangingServer]:
+    s = HangingServer(rtsp_options=request.param)
     yield s
     s.close()
 
@@ -87,7 +113,9 @@ def short_clip(demo: DemoAssets, out: Path, frames: int = 15) -> Path:
     return out
 
 
-@pytest.mark.parametrize("scheme", ["http", "rtsp"])
+@pytest.mark.parametrize(
+    ("scheme", "hanging"), [("http", False), ("rtsp", False), ("rtsp", True)], indirect=["hanging"]
+)
 def test_a_camera_whose_server_hangs_holds_no_other_camera_open(
     scheme: str, demo: DemoAssets, hanging: HangingServer, rig: Any, tmp_path: Path
 ) -> None:
