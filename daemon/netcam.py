@@ -73,19 +73,23 @@ def _no_answer(uri: str, what: str, timeout_s: float, exc: BaseException) -> Cap
 
 
 class MjpegSource:
-    """MJPEG over HTTP, parsed and decoded here. Reads time out after `read_timeout_s` (None then)."""
+    """MJPEG over HTTP, parsed and decoded here. A read gives None after `timeout_s` without a frame."""
 
     fps = 0.0  # MJPEG carries no rate
 
-    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, boundary: bytes) -> None:
+    def __init__(
+        self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, boundary: bytes, timeout_s: float
+    ) -> None:
         self._conn = conn
         self._resp = resp
+        self._timeout_s = timeout_s
         self._delim = b"--" + boundary
         self._buf = bytearray()
         self.bad_parts = 0  # parts that were not a decodable image (skipped)
 
     def read(self) -> np.ndarray | None:
-        while True:
+        deadline = time.monotonic() + self._timeout_s
+        while time.monotonic() < deadline:  # parts that are no image for this long: as good as a stall
             try:
                 data = self._next_part()
             except (OSError, http.client.HTTPException, ValueError):  # timed out, reset, or malformed
@@ -97,6 +101,7 @@ class MjpegSource:
                 out: np.ndarray = frame
                 return out
             self.bad_parts += 1  # a torn or non-image part: the next one may be fine
+        return None
 
     def close(self) -> None:
         self._resp.close()
@@ -190,7 +195,7 @@ def open_http(uri: str, timeout_s: float) -> MjpegSource | None:
     if conn.sock is not None:
         conn.sock.settimeout(timeout_s)  # from here, a read that waits this long is a stall
     # Some cameras write the boundary parameter with the leading "--" of the delimiter in it.
-    return MjpegSource(conn, resp, boundary.removeprefix("--").encode("latin-1"))
+    return MjpegSource(conn, resp, boundary.removeprefix("--").encode("latin-1"), timeout_s)
 
 
 def probe_rtsp(uri: str, timeout_s: float) -> None:
