@@ -9,7 +9,8 @@ disconnect. A camera that is down never stops the others.
 
 URIs: ``file:///path.mp4`` (``loop`` to repeat; ``realtime`` paces it at its own frame rate,
 otherwise the camera waits for each frame to be taken, so no frame of the file is dropped),
-``v4l2:///dev/video0``, ``rtsp://…``, ``http://…`` (MJPEG / HLS through FFmpeg),
+``v4l2:///dev/video0``, ``rtsp://…``, ``http://…`` (MJPEG read and decoded in ``netcam``, so no
+camera's open waits on another's; HLS and video files over HTTP through FFmpeg),
 ``csi://N`` (Jetson CSI through GStreamer ``nvarguscamerasrc``), ``gst://<pipeline ending in appsink>``,
 ``synthetic://?width=640&height=360&fps=15`` (a moving test pattern, no OpenCV capture).
 """
@@ -31,6 +32,7 @@ import numpy as np
 from edged.errors import CaptureError
 
 from .config import CameraConfig
+from .netcam import open_http, probe_rtsp, redact
 from .preprocess import Preprocessor, Transform
 
 logger = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ class OpenCvSource:
         self._cap = cv2.VideoCapture(target, api, params)
         if not self._cap.isOpened():
             self._cap.release()
-            raise CaptureError(f"cannot open {target!r}")
+            raise CaptureError(f"cannot open {redact(target) if isinstance(target, str) else target!r}")
         fps = float(self._cap.get(cv2.CAP_PROP_FPS) or 0.0)
         self.fps = fps if 0 < fps < 1000 else 0.0
 
@@ -130,7 +132,13 @@ def open_source(cam: CameraConfig) -> Source:
         return OpenCvSource(str(path), cv2.CAP_FFMPEG, [])
     if scheme == "v4l2":
         return OpenCvSource(rest if rest.startswith("/") else "/" + rest, cv2.CAP_V4L2, [])
-    if scheme in {"rtsp", "rtsps", "http", "https"}:
+    # Network sources: the server must answer here, within the open timeout, before FFmpeg's open
+    # (which holds a lock every other camera's open waits on) is tried; MJPEG needs no FFmpeg at all.
+    if scheme in {"http", "https"}:
+        mjpeg = open_http(uri, cam.stall_timeout_s)
+        return mjpeg if mjpeg is not None else OpenCvSource(uri, cv2.CAP_FFMPEG, net)
+    if scheme in {"rtsp", "rtsps"}:
+        probe_rtsp(uri, cam.stall_timeout_s)
         return OpenCvSource(uri, cv2.CAP_FFMPEG, net)
     if scheme in {"csi", "gst"}:
         if not _has_gstreamer():
@@ -263,7 +271,7 @@ class Camera:
                 self.stats.reconnects += 1
             failed_before = False
             if self.stats.state != "up":
-                logger.info("camera %s: up (%s)", self.name, self.cfg.uri)
+                logger.info("camera %s: up (%s)", self.name, redact(self.cfg.uri))
             self.stats.state = "up"
             self.stats.last_error = ""
             try:

@@ -7,6 +7,12 @@ of the file at load time, their values parsed as YAML scalars, so one file serve
 
     EDGED_DEVICE_ID=orin-07  EDGED_MQTT__PORT=8883  EDGED_CAMERAS__0__URI=rtsp://cam/1
 
+An empty override (``EDGED_STATE_DIR=``) is an error naming the variable: it is almost always a
+template or shell variable that was never filled in, and taking it as an empty string would quietly
+move things (an empty ``state_dir`` is the config file's folder). Unset the variable to keep the
+file's value; ``null`` or ``[]`` say "none" on purpose. A key given twice in one mapping (two
+``mqtt:`` sections) is an error naming the key and both lines, not a silent replacement.
+
 Paths expand ``~`` and are taken relative to the config file's folder. Nothing here does
 I/O at import time.
 """
@@ -27,6 +33,45 @@ from edged.errors import ConfigError
 ENV_PREFIX = "EDGED_"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _TOPIC_SAFE = re.compile(r"^[^#+/\x00]+$")
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: object, line: int, first_line: int) -> None:
+        super().__init__(f"duplicate key {key!r} at line {line} (first at line {first_line})")
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key repeated in one mapping is an error (PyYAML keeps the
+    last one, so a second ``mqtt:`` section would silently replace the first). Keys that a merge
+    (``<<: *defaults``) brings in may still be overridden: that is what merges are for."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: the base constructor reports it
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1, first)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _parse_yaml(text: str, path: Path) -> Any:
+    """YAML with unique keys; a ConfigError naming the file (and the line of a repeated key)."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as exc:
+        raise ConfigError(
+            f"{path}: line {exc.line}: duplicate key {exc.key!r} (first at line {exc.first_line}); "
+            "a second one would replace the first: merge them into one"
+        ) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
 
 
 class _Strict(BaseModel):
@@ -237,10 +282,7 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None 
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from exc
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    raw = _parse_yaml(text, path)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -271,8 +313,13 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str], path: Path) -> N
         keys = [k.lower() for k in name[len(ENV_PREFIX) :].split("__")]
         if not all(keys):
             raise ConfigError(f"{path}: environment variable {name}: empty key level")
+        if not environ[name].strip():
+            raise ConfigError(
+                f"{path}: environment variable {name} is set but empty; unset it to keep the file's value "
+                "(or give `null` to mean none)"
+            )
         try:
-            value = yaml.safe_load(environ[name]) if environ[name] else ""
+            value = yaml.load(environ[name], Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: environment variable {name}: not a YAML value: {exc}") from exc
         node: Any = raw
@@ -302,11 +349,10 @@ def load_mqtt_config(path: str | os.PathLike[str], environ: Mapping[str, str] | 
     does a file holding nothing but an `mqtt:` section). Paths resolve as in load_config."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    raw = _parse_yaml(text, path) or {}
     section = raw.get("mqtt", {}) if isinstance(raw, dict) else None
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: mqtt: must be a mapping")

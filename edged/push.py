@@ -4,6 +4,14 @@ It offers the signed manifest on each device's ``cmd/ota``, serves the chunks ea
 ``…/ota/req`` (from a verified local copy of the package), and follows ``…/ota/status`` and the
 retained ``…/model/state`` until every device has an outcome. Nothing but the broker is involved.
 
+A device downloads one package at a time. When another pusher offers the same package while a
+transfer runs, the device carries on with the bytes it has under the newer offer's transfer id (so a
+push that was stopped can be resumed by a new one). The pusher whose transfer was taken over sees the
+device's live ``…/ota/status`` name another transfer of its very package: it follows that transfer to
+its outcome (``via transfer …`` in its report) instead of waiting its whole timeout for statuses of its
+own; and should that transfer go quiet while downloading (its pusher gone), it offers again and so
+takes the transfer back and serves it itself. Another package offered meanwhile is refused (``busy``).
+
 A group (``--group G``) is the devices whose retained ``…/status`` lists G among its groups; offline
 ones are reported and skipped. ``--canary N`` pushes to N devices first and waits until they commit
 (probation passed); if any of them rejects, fails or rolls back, the rest are left untouched.
@@ -37,6 +45,7 @@ from edged.models.package import Manifest, open_package
 from edged.models.store import read_head
 
 MAX_CHUNK = 4 << 20  # the most a device may ask for at once
+TAKE_BACK_S = 10.0  # a followed transfer silent this long while downloading: offer again and serve it
 DONE_OK = {"probation": "swap", "committed": "commit", "unchanged": "swap"}
 DONE_BAD = ("rejected", "failed", "rolled_back", "timed_out", "skipped", "offline")
 
@@ -54,6 +63,9 @@ class Device:
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
     active: bool = False  # in the wave being pushed now
+    offered_at: float | None = None  # when our offer went out (monotonic)
+    via: str = ""  # another transfer of this same package that the device runs in place of ours
+    heard_at: float = field(default_factory=time.monotonic)  # the device's last status for our transfer
 
     def finish(self, state: str, error: str = "") -> None:
         if self.ended is None:
@@ -160,23 +172,23 @@ class Pusher:
             for suffix in ("ota/req", "ota/status", "model/state"):
                 self._subscribe(f"{self.prefix}/{dev}/{suffix}")
         self._subscribed()
-        offer = json.dumps(
-            {
-                "transfer": self.transfer,
-                "manifest": base64.b64encode(self.manifest_bytes).decode(),
-                "sig": base64.b64encode(self.sig_bytes).decode(),
-            }
-        ).encode()
         for d in wave:
-            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-            props.ResponseTopic = self.reply_topic
-            props.CorrelationData = d.id.encode()
-            self.client.publish(f"{self.prefix}/{d.id}/cmd/ota", offer, qos=1, properties=props)
+            self._offer(d)
         deadline = time.monotonic() + timeout_s
         progress = Progress(self.out, wave)
         while True:
             with self._lock:
                 pending = [d for d in wave if d.ended is None and not (wait == "swap" and d.ok(wait))]
+                silent = [
+                    d
+                    for d in pending
+                    if d.via and d.state == "downloading" and time.monotonic() - d.heard_at > TAKE_BACK_S
+                ]
+                for d in silent:  # the pusher we followed is gone: offering again makes the transfer ours
+                    d.via = ""
+                    d.heard_at = time.monotonic()
+            for d in silent:
+                self._offer(d)
             progress.draw()
             if not pending:
                 break
@@ -191,6 +203,21 @@ class Pusher:
             if d.ended is None:
                 d.finish(d.state)
         return wave
+
+    def _offer(self, d: Device) -> None:
+        offer = json.dumps(
+            {
+                "transfer": self.transfer,
+                "manifest": base64.b64encode(self.manifest_bytes).decode(),
+                "sig": base64.b64encode(self.sig_bytes).decode(),
+            }
+        ).encode()
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        props.ResponseTopic = self.reply_topic
+        props.CorrelationData = d.id.encode()
+        with self._lock:
+            d.offered_at = time.monotonic()
+        self.client.publish(f"{self.prefix}/{d.id}/cmd/ota", offer, qos=1, properties=props)
 
     # ---- messages (paho's thread) ----------------------------------------------------------
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
@@ -217,8 +244,9 @@ class Pusher:
         doc = json.loads(msg.payload)
         if suffix == "ota/req":
             self._serve(d, doc)
-        elif suffix == "ota/status" and doc.get("transfer") == self.transfer:
-            self._on_status(d, doc)
+        elif suffix == "ota/status":
+            if doc.get("transfer") == self.transfer or self._taken_over(d, doc, bool(msg.retain)):
+                self._on_status(d, doc)
         elif suffix == "model/state":
             self._on_model_state(d, doc)
 
@@ -250,8 +278,26 @@ class Pusher:
         self.client.publish(f"{self.prefix}/{d.id}/ota/data", pack_chunk(header, data), qos=0)
         d.served += len(data)
 
+    def _taken_over(self, d: Device, doc: dict[str, Any], retained: bool) -> bool:
+        """Whether this status is of another transfer that the device runs in place of ours: a live
+        (not retained) status, after our offer, of another transfer id for this very package. The
+        device joins an offer of the package it is downloading to the running transfer, under the
+        newer offer's id; a different package would have been refused as busy."""
+        other = str(doc.get("transfer") or "")
+        model = doc.get("model") or {}
+        if retained or not other or d.offered_at is None or d.ended is not None:
+            return False
+        if model.get("name") != self.manifest.name or model.get("version") != self.manifest.version:
+            return False
+        with self._lock:
+            d.via = other
+        return True
+
     def _on_status(self, d: Device, doc: dict[str, Any]) -> None:
         with self._lock:
+            d.heard_at = time.monotonic()
+            if doc.get("transfer") == self.transfer:
+                d.via = ""  # ours again (our offer came after the other one's)
             state = str(doc.get("state"))
             if isinstance(doc.get("bytes"), int):
                 d.bytes = doc["bytes"]
@@ -291,6 +337,7 @@ class Progress:
         frac = min(1.0, d.bytes / d.total) if d.total else 1.0
         bar = "#" * int(frac * 24) + "-" * (24 - int(frac * 24))
         text = f"{d.id:<20} [{bar}] {frac * 100:5.1f}%  {d.bytes / 2**20:6.1f}/{d.total / 2**20:.1f} MiB  {d.state}"
+        text += f" via transfer {d.via}" if d.via else ""
         return text + (f" ({d.error})" if d.error and d.state not in ("committed", "probation") else "")
 
     def draw(self, final: bool = False) -> None:
@@ -371,7 +418,8 @@ def report(pusher: Pusher, wait: Wait, seconds: float, out: TextIO) -> int:
     for d in devs:
         took = f"{d.ended - d.started:6.1f} s" if d.ended else "      -"
         mark = "ok  " if d.ok(wait) else "FAIL"
-        print(f"  {mark} {d.id:<20} {d.state:<11} {took}  {d.error}".rstrip(), file=out)
+        via = f"via transfer {d.via} (another push of this package, which the device joined ours to) " if d.via else ""
+        print(f"  {mark} {d.id:<20} {d.state:<11} {took}  {via}{d.error}".rstrip(), file=out)
     served = sum(d.served for d in devs)
     if served and seconds > 0:
         print(f"push: served {served / 2**20:.1f} MiB, {served / 2**20 / seconds:.1f} MiB/s overall", file=out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -113,7 +114,17 @@ def test_file_that_disappears_reconnects_while_another_camera_serves(demo: DemoA
 
 def mjpeg_server(port: int, *args: str) -> subprocess.Popen[bytes]:
     p = subprocess.Popen([sys.executable, str(HERE / "mjpeg_server.py"), str(port), *args])
-    time.sleep(0.3)
+
+    def listening() -> bool:
+        if p.poll() is not None:
+            raise AssertionError(f"mjpeg_server.py exited with {p.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    wait_until(listening, 15, f"the MJPEG server on port {port}")
     return p
 
 
@@ -194,3 +205,31 @@ def test_unsupported_sources_give_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "junk.mp4").write_bytes(b"not a video")
     with pytest.raises(CaptureError, match="cannot open"):
         open_source(cfg(f"file://{tmp_path}/junk.mp4"))
+
+
+def test_mjpeg_parts_without_a_length_and_a_new_size_mid_stream(rig) -> None:
+    """Parts that end at the next boundary (no Content-Length) are read too, and a frame of a new size
+    gets its own transform: the size the results carry and the boxes map back to."""
+    cond, stop = rig
+    port = free_port()
+    server = mjpeg_server(port, "--no-length", "--switch-after", "10", "--pad-to", "400x400", "--fps", "30")
+    sizes: list[tuple[int, int]] = []
+    try:
+        cam = camera({"name": "ip", "uri": f"http://127.0.0.1:{port}/s.mjpg", "fps_max": 30}, cond, stop)
+        cam.start()
+
+        def take() -> bool:
+            with cond:
+                got = cam.take_locked()
+                if got:
+                    t = got[1].transform
+                    sizes.append((t.src_width, t.src_height))
+                    cam.release_locked(got[0])
+            return len(set(sizes)) == 2 and sizes[-1] == (400, 400)
+
+        wait_until(take, 15, "frames of both sizes")
+        assert cam.stats.state == "up" and cam.stats.reconnects == 0, "read across the change, no reopen"
+    finally:
+        server.kill()
+        server.wait()
+    assert sizes[0] == (320, 240)

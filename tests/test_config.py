@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from edged.daemon.config import load_config
+from edged.daemon.config import load_config, load_mqtt_config
 from edged.errors import ConfigError
 
 from .conftest import REPO, edged_cli, write_config
@@ -112,3 +112,50 @@ def test_paths_take_environment_variables_such_as_systemd_credentials(tmp_path: 
     assert cfg.mqtt.password_file == Path("/run/credentials/e/mqtt_password")
     with pytest.raises(ConfigError, match=r"CREDENTIALS_DIRECTORY.*not set|not set.*CREDENTIALS_DIRECTORY"):
         load_config(tmp_path / "c.yaml", environ={})
+
+
+def test_a_repeated_key_is_refused_naming_key_line_and_file(tmp_path: Path) -> None:
+    path = tmp_path / "dup.yaml"
+    path.write_text(
+        "device_id: cam-box\n"
+        "mqtt:\n"
+        "  host: broker.site\n"
+        "  port: 8883\n"
+        "model: {package: pkg}\n"
+        "cameras: [{name: a, uri: 'synthetic://'}]\n"
+        "mqtt:\n"  # a second section would have replaced the first, host and port gone
+        "  keepalive_s: 60\n"
+    )
+    with pytest.raises(ConfigError, match=r"dup\.yaml: line 7: duplicate key 'mqtt' \(first at line 2\)"):
+        load_config(path, environ={})
+    # in a nested mapping too, and through the loader `edged push -c` uses
+    path.write_text("device_id: x\nmqtt:\n  host: a\n  port: 1\n  host: b\n")
+    with pytest.raises(ConfigError, match=r"dup\.yaml: line 5: duplicate key 'host' \(first at line 3\)"):
+        load_mqtt_config(path, environ={})
+    # a merge key's values may be overridden: that is what merges are for
+    path.write_text(
+        "device_id: x\nmodel: {package: pkg}\n"
+        "cameras:\n"
+        "  - &cam {name: a, uri: 'synthetic://', fps_max: 5}\n"
+        "  - {<<: *cam, name: b, fps_max: 7}\n"
+    )
+    cfg = load_config(path, environ={})
+    assert [(c.name, c.fps_max) for c in cfg.cameras] == [("a", 5), ("b", 7)]
+
+
+def test_an_empty_environment_override_is_refused_naming_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_config(tmp_path / "c.yaml", {**MINIMAL, "state_dir": "/var/lib/edged-test"})
+    with pytest.raises(ConfigError, match=r"c\.yaml: environment variable EDGED_STATE_DIR is set but empty"):
+        load_config(path, environ={"EDGED_STATE_DIR": ""})
+    with pytest.raises(ConfigError, match="EDGED_MQTT__HOST is set but empty"):
+        load_config(path, environ={"EDGED_MQTT__HOST": "  "})
+    # null on purpose still means none
+    assert load_config(path, environ={"EDGED_MQTT__CLIENT_ID": "null"}).mqtt.client_id is None
+    # and through the real CLI: exit 1 with the variable named, nothing else taken as valid
+    monkeypatch.setenv("EDGED_STATE_DIR", "")
+    run = edged_cli("check-config", "-c", str(path), "--no-model")
+    assert run.returncode == 1, run.stdout
+    assert "environment variable EDGED_STATE_DIR is set but empty" in run.stderr
+    assert "config valid" not in run.stdout
