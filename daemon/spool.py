@@ -35,11 +35,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from edged.errors import PublishError
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 SCHEMA = (
     """
@@ -85,6 +86,10 @@ def _corrupt(exc: sqlite3.Error) -> bool:
     return type(exc) is sqlite3.DatabaseError
 
 
+def _full(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) == 13 or "disk is full" in str(exc)  # 13: SQLITE_FULL
+
+
 def _set_sequence(db: sqlite3.Connection, last_id: int) -> None:
     """AUTOINCREMENT goes on after `last_id` (sqlite_sequence has no key: delete, then insert)."""
     db.execute("DELETE FROM sqlite_sequence WHERE name = 'messages'")
@@ -120,6 +125,9 @@ class Spool:
         self._pending_bytes = 0
         self._last_id = 0  # the highest id handed out: a new file continues after it
         self._clock_saved = 0.0
+        self._reserve_retry_at = 0.0
+        self._bounds_logged_at = -1e9
+        self.reserve_releases = 0  # times the reserve file was given up on a full disk
         self._clock_base = 0.0
         self._clock_t0 = clock()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,6 +138,7 @@ class Spool:
                 raise SpoolError(f"spool {path}: cannot open: {exc}") from exc
             self._quarantine(str(exc))
             self._connect_or_raise()
+        self._hold_reserve()
         if self.rows:
             logger.info(
                 "spool: %d messages (%.1f MB) from before this start will be sent", self.rows, self.bytes / 2**20
@@ -142,6 +151,15 @@ class Spool:
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
+            # SQLite lets the WAL grow to 1000 pages (4 MB) before it is checkpointed and reused: on a
+            # small filesystem that is all of it. Checkpoint at 1/16 of the filesystem there instead.
+            fs = os.statvfs(self.path.parent)
+            # The spool never fills its filesystem by itself: it holds at most a quarter of it (with
+            # SQLite's pages, the WAL and the reserve, about half); more is dropped like max_bytes.
+            self.fs_budget = fs.f_blocks * fs.f_frsize // 4
+            wal_pages = max(4, min(1000, fs.f_blocks * fs.f_frsize // 16 // 4096))
+            db.execute(f"PRAGMA wal_autocheckpoint={wal_pages}")
+            db.execute(f"PRAGMA journal_size_limit={wal_pages * 4096 * 2}")
             for stmt in SCHEMA:
                 db.execute(stmt)
             if "clock_s" not in {r[1] for r in db.execute("PRAGMA table_info(messages)")}:
@@ -291,6 +309,74 @@ class Spool:
         cls = SpoolCorrupt if _corrupt(exc) else SpoolError
         return cls(f"spool {self.path}: cannot {what}: {exc}")
 
+    def _write(self, what: str, op: Callable[[], _T], may_use_reserve: bool = False) -> _T:
+        """Run a write transaction. On a full disk, give back the space the WAL holds (a truncating
+        checkpoint: the WAL grows to SQLite's autocheckpoint size, 4 MB, before it is reused, which on
+        a small filesystem is most of it) and try once more. The checkpoint itself needs a little room
+        in the database file, and a delete needs some in the WAL: for them the reserve file is given
+        up, so that delivering what is spooled always frees space."""
+        try:
+            return op()
+        except sqlite3.Error as exc:
+            self._rollback()
+            if not _full(exc):
+                raise self._error(what, exc) from exc
+        try:
+            self._checkpoint()
+            return op()
+        except sqlite3.Error as exc:
+            self._rollback()
+            if not (_full(exc) and may_use_reserve and self._release_reserve()):
+                raise self._error(what, exc) from exc
+        try:
+            self._checkpoint()
+            return op()
+        except sqlite3.Error as exc:
+            self._rollback()
+            raise self._error(what, exc) from exc
+
+    def _checkpoint(self) -> None:
+        try:
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error as exc:
+            if not (_full(exc) and self._release_reserve()):
+                raise
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+    @property
+    def _reserve_path(self) -> Path:
+        return self.path.with_name(f"{self.path.name}.reserve")
+
+    def _hold_reserve(self) -> None:
+        """Keep `spool.db.reserve`: space set aside for the spool's own checkpoints and deletes on a
+        full disk (1/16 of the filesystem, 64 kB to 4 MB). Best effort: retried every few seconds."""
+        now = self._clock()
+        if now < self._reserve_retry_at or self._reserve_path.exists():
+            return
+        try:
+            st = os.statvfs(self.path.parent)
+            size = min(4 * 2**20, max(64 * 1024, st.f_blocks * st.f_frsize // 16))
+            fd = os.open(self._reserve_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
+        except OSError:
+            self._reserve_path.unlink(missing_ok=True)
+            self._reserve_retry_at = now + 5.0
+
+    def _release_reserve(self) -> bool:
+        try:
+            size = self._reserve_path.stat().st_size
+            self._reserve_path.unlink()
+        except OSError:
+            return False
+        self._reserve_retry_at = self._clock() + 5.0
+        self.reserve_releases += 1
+        log = logger.warning if self.reserve_releases == 1 else logger.debug  # it recurs while the disk is full
+        log("spool: the disk is full; gave up the %d kB reserve to checkpoint or delete", size // 1024)
+        return True
+
     def _rollback(self) -> None:
         if self.db.in_transaction:
             try:
@@ -321,7 +407,8 @@ class Spool:
         self._check_file()
         if self._pending:
             now = self.clock_s()
-            try:
+
+            def insert() -> Any:
                 self.db.execute("PRAGMA synchronous=FULL")  # on disk when commit() returns
                 self.db.execute("BEGIN")
                 self.db.executemany(
@@ -330,10 +417,9 @@ class Spool:
                 )
                 self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('clock_s', ?)", (now,))
                 self.db.execute("COMMIT")
-                seq = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
-            except sqlite3.Error as exc:
-                self._rollback()
-                raise self._error("write new messages", exc) from exc
+                return self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
+
+            seq = self._write("write new messages", insert)
             self._last_id = max(self._last_id, seq[0])
             self._clock_saved = now
             self.rows += len(self._pending)
@@ -345,6 +431,7 @@ class Spool:
         except sqlite3.Error as exc:
             self._rollback()
             raise self._error("enforce its bounds", exc) from exc
+        self._hold_reserve()
 
     def _enforce(self) -> None:
         dropped = 0
@@ -356,9 +443,10 @@ class Spool:
         if self.max_age_s and self.rows:
             cur = self.db.execute("DELETE FROM messages WHERE clock_s < ?", (now - self.max_age_s,))
             dropped += cur.rowcount
-        if self.bytes > self.max_bytes:
+        limit = min(self.max_bytes, self.fs_budget)
+        if self.bytes > limit:
             # drop the oldest rows until what is left fits
-            excess = self.bytes - self.max_bytes
+            excess = self.bytes - limit
             cut = self.db.execute(
                 "SELECT id FROM (SELECT id, SUM(size) OVER (ORDER BY id) AS running FROM messages) "
                 "WHERE running >= ? ORDER BY id LIMIT 1",
@@ -369,7 +457,16 @@ class Spool:
         if dropped:
             self.dropped += dropped
             self.bytes, self.rows = self.db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM messages").fetchone()
-            logger.warning("spool: over its bounds, dropped the %d oldest messages (%d so far)", dropped, self.dropped)
+            t = self._clock()
+            if t >= self._bounds_logged_at + 60.0:  # a full spool drops at every commit: say so once a minute
+                self._bounds_logged_at = t
+                limit_s = f"{limit / 2**20:.2f} MB, {self.max_age_s:g} s"
+                logger.warning(
+                    "spool: over its bounds (%s), dropped the %d oldest messages (%d so far)",
+                    limit_s,
+                    dropped,
+                    self.dropped,
+                )
 
     def after(self, last_id: int, limit: int) -> list[Row]:
         """Committed rows with id > last_id, oldest first."""
@@ -386,9 +483,10 @@ class Spool:
     def delete(self, ids: list[int]) -> None:
         if not ids:
             return
+
         # A delete lost to a power cut only means the message is sent once more (at-least-once), so
         # deletes do not wait for the disk (WAL, synchronous=NORMAL: durable at the next checkpoint).
-        try:
+        def remove() -> tuple[int, int]:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("BEGIN")
             freed = rows = 0
@@ -398,9 +496,9 @@ class Spool:
                     freed += size
                     rows += 1
             self.db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            self._rollback()
-            raise self._error("delete acknowledged messages", exc) from exc
+            return freed, rows
+
+        freed, rows = self._write("delete acknowledged messages", remove, may_use_reserve=True)
         self.bytes -= freed
         self.rows -= rows
 

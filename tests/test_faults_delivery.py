@@ -4,6 +4,8 @@ directory deleted under a running daemon, a corrupt spool file, a wall clock tha
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -11,6 +13,7 @@ import signal
 import sqlite3
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +23,14 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from edged.daemon.app import Daemon, RunSummary
+from edged.daemon.config import load_config
 from edged.daemon.spool import Spool
 from edged.models.demo import DemoAssets
 
 from .conftest import REPO, Broker, Message, base_config, free_port, wait_until, write_config
 from .test_delivery import cams, seqs_of
+from .test_systemd import NotifySocket
 
 
 def spool_rows(db: Path) -> int:
@@ -104,14 +110,15 @@ def test_spool_age_ignores_wall_clock_jumps(tmp_path: Path) -> None:
 
 
 # --- finding 1: a full filesystem -------------------------------------------------------------------
-@pytest.fixture
-def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    """A real 2 MB tmpfs (root only)."""
+@contextlib.contextmanager
+def tmpfs(mnt: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of `size` mounted on `mnt` (root only)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "tiny"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
@@ -120,24 +127,23 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def fill(fs: Path) -> Path:
-    """Take every free byte of `fs` with a file of our own."""
-    filler = fs / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
-    try:
-        with open(filler, "ab") as f:
-            while True:
-                f.write(b"\0" * 512)
-                f.flush()
-    except OSError:
-        pass
-    return filler
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    with tmpfs(tmp_path / "tiny", "2m") as mnt:
+        yield mnt
+
+
+def fill(fs: Path) -> bool:
+    """Take every free byte of `fs` with a file of our own (again: the spool gives space back when it
+    can, from its WAL and its reserve file)."""
+    with open(fs / "filler", "ab", buffering=0) as f:
+        for chunk in (65536, 512):
+            try:
+                while True:
+                    f.write(b"\0" * chunk)
+            except OSError:
+                pass
+    return True
 
 
 def test_full_disk_keeps_the_publisher_alive_and_delivery_resumes(
@@ -149,8 +155,7 @@ def test_full_disk_keeps_the_publisher_alive_and_delivery_resumes(
     d = start_daemon(write_config(tmp_path / "c.yaml", doc))
     db = tiny_fs / "state" / "spool.db"
     wait_until(lambda: db.exists() and len(spool_seqs(db)) >= 20, 60, "results in the spool")
-    filler = fill(tiny_fs)
-    wait_until(lambda: "database or disk is full" in d.output(), 30, "the spool to report the full disk")
+    wait_until(lambda: fill(tiny_fs) and "cannot write new messages" in d.output(), 30, "the full disk", step=0.5)
     broker.start()
     try:
         sub = subscribe(broker, "edged/test-01/#")
@@ -162,7 +167,7 @@ def test_full_disk_keeps_the_publisher_alive_and_delivery_resumes(
 
         wait_until(lambda: any(t["spool_state"] == "failing" and t["spool_errors"] > 0 for t in tel()), 30, "telemetry")
         assert d.proc.poll() is None
-        filler.unlink()  # space again: the messages held in memory are written, then delivered
+        (tiny_fs / "filler").unlink()  # space again: the messages held in memory are written, then delivered
         wait_until(lambda: any(t["spool_state"] == "ok" and t["acked"] > 0 for t in tel()), 60, "storage ok again")
         last = max(seqs_of(sub.results()))
         wait_until(lambda: max(seqs_of(sub.results())) > last + 20, 30, "new results after the disk was freed")
@@ -174,6 +179,34 @@ def test_full_disk_keeps_the_publisher_alive_and_delivery_resumes(
     print(f"\nfull disk: {len(got)} results delivered, seq 1..{got[-1]}, {t['spool_errors']} storage errors")
     assert got == list(range(1, got[-1] + 1))  # nothing lost: what waited in memory was written later
     assert "storage works again" in d.output() and "Traceback" not in d.output()
+
+
+def test_spool_does_not_fill_a_small_filesystem_by_itself(
+    subscribe, start_daemon, demo: DemoAssets, tmp_path: Path
+) -> None:
+    """The finding's own run: the state directory on a tiny tmpfs, the broker away; the spool alone
+    would fill it. It keeps to a quarter of the filesystem (the oldest dropped, counted), so its
+    writes never fail, and when the broker returns the rest is delivered in order."""
+    with tmpfs(tmp_path / "tiny", "512k") as fs:
+        (tmp_path / "broker").mkdir()
+        broker = Broker(tmp_path / "broker")  # away at first
+        doc = base_config(broker, demo, tmp_path, cams(30), state_dir=str(fs / "state"))
+        d = start_daemon(write_config(tmp_path / "c.yaml", doc))
+        wait_until(lambda: "spool: over its bounds (0.12 MB" in d.output(), 60, "the spool at its filesystem bound")
+        broker.start()
+        try:
+            sub = subscribe(broker, "edged/test-01/#")
+            wait_until(lambda: len(sub.results()) >= 100, 30, "the spooled results and new ones")
+            assert d.stop() == 0, d.output()[-3000:]
+        finally:
+            broker.stop()
+        free_kb = os.statvfs(fs).f_bavail * os.statvfs(fs).f_frsize // 1024
+    tel = [m.json()["mqtt"] for m in sub.on("telemetry")]
+    got = seqs_of(sub.results())
+    print(f"\n512 kB tmpfs: {tel[-1]['spool_dropped']} oldest dropped, then seq {got[0]}..{got[-1]}; {free_kb} kB free")
+    assert "cannot write" not in d.output() and tel[-1]["spool_errors"] == 0  # never full
+    assert got[0] > 1 and got == list(range(got[0], got[-1] + 1))  # the oldest went, the rest in order
+    assert tel[-1]["spool_dropped"] >= got[0] - 1
 
 
 # --- finding 2: PUBACK with a failure reason code -------------------------------------------------
@@ -307,3 +340,58 @@ def test_corrupt_spool_is_quarantined_and_the_daemon_serves(
     assert aside.name.startswith("spool.db.corrupt-") and aside.exists()
     assert f"spool: {db} is corrupt" in d.output() and str(aside) in d.output()
     assert seqs_of(sub.results()) == list(range(1, max(seqs_of(sub.results())) + 1))
+
+
+# --- finding 1 (the watchdog's part): a stuck publisher, a dead one ------------------------------
+@pytest.fixture
+def notify_socket(tmp_path: Path) -> Iterator[NotifySocket]:
+    s = NotifySocket(tmp_path / "notify.sock")
+    yield s
+    s.close()
+
+
+def test_watchdog_sees_a_stuck_publisher_and_a_dead_one_stops_the_daemon(
+    broker: Broker, notify_socket: NotifySocket, demo: DemoAssets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NOTIFY_SOCKET", str(notify_socket.path))
+    monkeypatch.setenv("WATCHDOG_USEC", "2000000")  # ping every 1 s; stalled after 1 s without progress
+    cfg = load_config(write_config(tmp_path / "c.yaml", base_config(broker, demo, tmp_path, cams(10))))
+    daemon = Daemon(cfg)
+    summary: list[RunSummary] = []
+    t = threading.Thread(target=lambda: summary.append(daemon.run(duration_s=60, install_signals=False)))
+    t.start()
+    try:
+        wait_until(lambda: len(notify_socket.lines("WATCHDOG")) >= 2, 30, "watchdog pings")
+        # another process holds the spool's write lock: the publisher blocks in its commit (SQLite's
+        # 5 s busy timeout), makes no progress, and the watchdog is not petted
+        other = sqlite3.connect(str(tmp_path / "state" / "spool.db"), isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        locked_at = time.monotonic()
+        wait_until(
+            lambda: any(line == "WATCHDOG=trigger" for _, line in notify_socket.lines("WATCHDOG")), 10, "the trigger"
+        )
+        triggered_at = notify_socket.lines("WATCHDOG")[-1][0]
+        pings = [ts for ts, line in notify_socket.lines("WATCHDOG") if line == "WATCHDOG=1"]
+        assert [ts for ts in pings if locked_at + 1.5 < ts <= triggered_at] == []
+        other.execute("ROLLBACK")
+        other.close()
+        released = time.monotonic()
+        wait_until(
+            lambda: any(ts > released for ts, line in notify_socket.lines("WATCHDOG") if line == "WATCHDOG=1"),
+            15,
+            "pings again once the publisher moves",
+        )
+        # a bug kills the publisher thread (an exception raised into it): the daemon stops, non-zero
+        thread = daemon.publisher._thread
+        assert thread.ident is not None
+        for _ in range(20):  # the thread may be inside a handler that drops one message; raise again
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(RuntimeError))
+            thread.join(0.5)
+            if not thread.is_alive():
+                break
+        t.join(30)
+        assert not t.is_alive() and summary
+        assert summary[0].failure.startswith("the publisher thread died: RuntimeError"), summary[0]
+    finally:
+        daemon.request_stop()
+        t.join(30)
