@@ -26,6 +26,7 @@ sets it. Time the daemon is not running does not count toward a message's age.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import os
@@ -238,7 +239,7 @@ class Spool:
             if (st.st_dev, st.st_ino) == self._ident:
                 return
             what = "replaced"
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # gone, or its directory is not one any more
             what = "deleted"
         except OSError as exc:
             raise SpoolError(f"spool {self.path}: cannot stat: {exc}") from exc
@@ -257,7 +258,8 @@ class Spool:
         except (OSError, sqlite3.Error) as exc:
             self.errors += 1
             for suffix in ("", "-wal", "-shm"):
-                Path(f"{tmp}{suffix}").unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # best effort: the directory may be gone, or a file
+                    Path(f"{tmp}{suffix}").unlink(missing_ok=True)
             raise SpoolError(
                 f"spool {self.path} was {what} and cannot be re-created: {exc}; its {self.rows} messages are "
                 f"held in the deleted file until it can"

@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -307,6 +308,26 @@ def test_state_dir_deleted_while_running_keeps_the_spool_and_says_so(
     # the run summary is truthful: results produced, spooled, none delivered, all left in the spool
     assert f"edged: {len(kept)} results in " in summary
     assert f"{rows} messages spooled, 0 delivered, {rows} left in the spool, 0 dropped" in summary
+
+
+def test_state_dir_replaced_by_a_file_says_what_is_lost(start_daemon, demo: DemoAssets, tmp_path: Path) -> None:
+    """When the spool cannot be re-created (its directory is now a file), the log and the summary say
+    how many messages are lost, and never that they stay in the spool."""
+    away = Broker(tmp_path)
+    d = start_daemon(write_config(tmp_path / "c.yaml", base_config(away, demo, tmp_path, cams(20))))
+    state = tmp_path / "state"
+    wait_until(lambda: (state / "spool.db").exists() and spool_rows(state / "spool.db") >= 20, 60, "a spool")
+    shutil.rmtree(state)
+    state.write_text("not a directory\n")
+    wait_until(lambda: "was deleted and cannot be re-created" in d.output(), 10, "the failure to re-create it")
+    assert d.stop() == 0, d.output()[-3000:]
+    out = d.output()
+    lost = re.search(r"spool: (\d+) messages are lost at stop", out)
+    summary = next(ln for ln in out.splitlines() if ln.startswith("edged: ") and "results in" in ln)
+    print(f"\n{lost.group(0) if lost else None}; {summary}")
+    assert lost is not None and int(lost.group(1)) >= 20
+    assert "stay in the spool" not in out
+    assert f"0 left in the spool, {lost.group(1)} dropped" in summary
 
 
 # --- finding 5: a corrupt spool file --------------------------------------------------------------
