@@ -34,21 +34,30 @@ from .test_delivery import cams, seqs_of
 from .test_systemd import NotifySocket
 
 
-def spool_rows(db: Path) -> int:
-    con = sqlite3.connect(str(db))
+def _query(db: Path, sql: str) -> list[Any]:
+    """Read a spool file with plain sqlite3, read-only (never creating it); [] while the daemon has
+    not created its table yet."""
     try:
-        return int(con.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    except sqlite3.OperationalError:
+        return []
+    try:
+        return con.execute(sql).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return []
+        raise
     finally:
         con.close()
+
+
+def spool_rows(db: Path) -> int:
+    return len(_query(db, "SELECT id FROM messages"))
 
 
 def spool_seqs(db: Path) -> list[int]:
-    """The `seq` of every result in a spool file, read with plain sqlite3."""
-    con = sqlite3.connect(str(db))
-    try:
-        rows = con.execute("SELECT payload FROM messages WHERE topic LIKE '%/results/%' ORDER BY id").fetchall()
-    finally:
-        con.close()
+    """The `seq` of every result in a spool file."""
+    rows = _query(db, "SELECT payload FROM messages WHERE topic LIKE '%/results/%' ORDER BY id")
     return [json.loads(r[0])["seq"] for r in rows]
 
 
