@@ -110,11 +110,16 @@ def _memory_mb() -> dict[str, float]:
 
 @dataclass
 class RunSummary:
-    results: int
+    results: int  # results produced by inference
     batches: int
     peak_rss_mb: float
     seconds: float
     stop_reason: str = ""  # set when the governor stopped the daemon (hard memory limit, critical heat)
+    spooled: int = 0  # messages (results and events) written to the spool
+    delivered: int = 0  # messages the broker acknowledged (PUBACK), deleted from the spool
+    left_in_spool: int = 0  # messages in the spool file after stop, sent at the next start
+    lost: int = 0  # messages dropped: spool bounds, queue full, not writable, a corrupt spool
+    failure: str = ""  # set when a thread died and the daemon stopped for systemd to restart it
 
 
 class Daemon:
@@ -212,6 +217,7 @@ class Daemon:
             self.boot_id,
             self._status_extra,
             on_command=self.commands.on_message,
+            on_event=self._event,
         )
         self.last_dets: dict[str, list[dict[str, Any]]] = {}
         self._last_snapshot: dict[str, float] = {}
@@ -248,6 +254,7 @@ class Daemon:
         self._last_tel = (time.monotonic(), 0, {c.name: 0 for c in self.cameras})
         self._last_status_fps = 0.0
         self.stop_reason = ""
+        self.failure = ""
         self.governor: Governor | None = None
         if cfg.governor.enabled:
             sensors = Sensors(cfg.governor.sysfs_root)
@@ -503,7 +510,8 @@ class Daemon:
         return (
             f"{fps:.1f} fps, {up}/{len(self.cameras)} cameras up, batch {m.input.batch}, {self.package.ref} on "
             f"{self.backend_name}, broker {'up' if self.publisher.connected else 'down'}, thermal {level}, "
-            f"spool {self.publisher.spool.rows}, {st.errors} errors"
+            f"spool {self.publisher.spool.rows}{'' if self.publisher.spool_state == 'ok' else ' (failing)'}, "
+            f"{st.errors} errors"
         )
 
     def _on_result(self, r: Result) -> None:
@@ -647,6 +655,13 @@ class Daemon:
                 if not self.loop.alive:
                     logger.error("the inference thread died: stopping")
                     break
+                if self.publisher.thread_died:
+                    # Its in-memory state (uncommitted messages, what is in flight) is what a bug left
+                    # half-done; a new process rebuilds it from the durable spool. Exit non-zero: systemd
+                    # restarts us (Restart=on-failure), which shows as a failure, not a silent restart.
+                    self.failure = f"the publisher thread died: {self.publisher.failure}"
+                    logger.error("%s; stopping so that systemd restarts the daemon", self.failure)
+                    break
                 if not self.publisher.network_alive():
                     self.publisher.restart_network()
                 self.models.check_probation(now)
@@ -657,12 +672,18 @@ class Daemon:
                 self.stop_event.wait(min(0.25, max(0.01, next_tel - now)))
         finally:
             self.shutdown()
+        p = self.publisher
         return RunSummary(
-            self.publisher.published,
+            self.loop.stats.rows,
             self.loop.stats.batches,
             _memory_mb().get("peak_rss_mb", 0.0),
             time.monotonic() - self.started,
             self.stop_reason,
+            spooled=p.spooled,
+            delivered=p.acked,
+            left_in_spool=p.left_in_spool,
+            lost=p.spool.dropped + p.spool.dropped_unsaved + p.spool.lost + p.dropped_queue_full,
+            failure=self.failure,
         )
 
     def _warm_up(self) -> float | None:
@@ -692,13 +713,14 @@ class Daemon:
         return RunSummary(0, 0, _memory_mb().get("peak_rss_mb", 0.0), time.monotonic() - self.started, self.stop_reason)
 
     def _health(self, now: float, stall_s: float) -> tuple[bool, str]:
-        """The watchdog's question: are the inference loop and the MQTT network thread making progress?"""
+        """The watchdog's question: are the inference loop, the publisher and the MQTT network threads
+        making progress?"""
         stalled = now - self.loop.stats.last_progress
         if stalled > stall_s:
             return False, f"the inference loop has made no progress for {stalled:.1f} s"
         if not self.publisher.network_alive():
             return False, "the MQTT network thread is not making progress"
-        return True, ""
+        return self.publisher.alive(now, stall_s)
 
     def _frames_waiting(self) -> bool:
         with self.cond:

@@ -15,6 +15,13 @@
   so the broker keeps our command subscription and paho resends unacknowledged messages after a
   reconnect.
 - `status` is retained, with an `offline` last will; `stopped` is published on a clean stop.
+- A PUBACK with a failure reason code (0x87 Not authorized from an ACL, say) is a refusal, not a
+  delivery: the row stays in the spool, the topic is held and retried with backoff (1 s doubling to
+  60 s, jittered), counted in `refused` and logged once per topic and reason.
+- Storage failures (disk full, I/O errors, a deleted or corrupt spool file) never stop the thread:
+  appended messages wait in memory (bounded, drops counted) and writes are retried with backoff;
+  `spool_state` says so in status and telemetry. The thread's progress (`last_progress`) and
+  life are the watchdog's business (`Daemon._health`).
 """
 
 from __future__ import annotations
@@ -23,11 +30,13 @@ import datetime as dt
 import json
 import logging
 import queue
+import random
 import ssl
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -41,13 +50,43 @@ from edged.errors import ConfigError
 
 from .config import MqttConfig, SpoolConfig
 from .inference import Result
-from .spool import Spool
+from .spool import Spool, SpoolCorrupt, SpoolError
 
 logger = logging.getLogger(__name__)
 
 RESULT_SCHEMA = "edged.result/1"
 MAX_PAYLOAD_BYTES = 256 * 1024
 MessageHandler = Callable[[mqtt.MQTTMessage], None]
+EventHandler = Callable[[dict[str, Any]], None]
+MAX_BACKOFF_S = 60.0
+
+
+@dataclass
+class _Hold:
+    """A topic the broker refuses: its rows wait in the spool until `until`, then are sent again."""
+
+    first_id: int  # the oldest refused (or skipped) row: sending starts again there
+    backoff_s: float = 1.0
+    until: float = 0.0
+    retrying: bool = False  # the hold ended and the rows were sent again; a refusal now doubles the backoff
+
+
+class _Backoff:
+    """Retry timing for a failing storage operation: 1 s doubling to 30 s."""
+
+    def __init__(self) -> None:
+        self.delay_s = 0.0
+        self.next_at = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_at
+
+    def failed(self, now: float) -> None:
+        self.delay_s = min(max(1.0, self.delay_s * 2), 30.0)
+        self.next_at = now + self.delay_s
+
+    def ok(self) -> None:
+        self.delay_s = self.next_at = 0.0
 
 
 def iso(ts: float) -> str:
@@ -113,7 +152,9 @@ class Publisher:
         status_extra: Callable[[], dict[str, Any]],
         on_command: MessageHandler | None = None,
         queue_size: int = 1024,
+        on_event: EventHandler | None = None,
     ) -> None:
+        """`on_event`: where the publisher's own events go (`spool_recovered`), the daemon's event path."""
         self.cfg = cfg
         self.spool_cfg = spool_cfg
         self.spool = spool
@@ -122,6 +163,7 @@ class Publisher:
         self.boot_id = boot_id
         self._status_extra = status_extra
         self._on_command = on_command
+        self._on_event = on_event
         self._routes: dict[str, MessageHandler] = {}  # full topic -> handler, for topics other than cmd/+
         self._retained: dict[str, bytes] = {}  # suffix -> payload, published again at every connect
         self.since = iso(time.time())
@@ -129,6 +171,7 @@ class Publisher:
         self._stop = threading.Event()
         self._net_stop = threading.Event()
         self.seq = 0
+        self.results = 0  # results handed to submit()
         self.spooled = 0
         self.published = 0
         self.acked = 0
@@ -140,11 +183,23 @@ class Publisher:
         self.network_restarts = 0
         self.last_error = ""
         self.last_net_progress = time.monotonic()
-        # paho mid -> spool row id; touched by the publisher thread only. PUBACKs arrive on the network
-        # thread as mids in `_acked_mids` (deque appends are atomic), matched on the publisher thread
-        # after the mid is recorded, so no lock is held around paho's own (lock order: no deadlock).
-        self._inflight: dict[int, int] = {}
-        self._acked_mids: deque[int] = deque()
+        self.last_progress = time.monotonic()  # the publisher thread's last turn (the watchdog reads it)
+        self.failure = ""  # why the publisher thread died, if it did
+        self.refused = 0  # PUBACKs with a failure reason code: the row stays, the topic is retried later
+        self.spool_state = "ok"  # "failing" while storage operations fail
+        self.spool_error = ""
+        self.left_in_spool = 0  # rows in the spool file after stop
+        # paho mid -> (spool row id, topic); touched by the publisher thread only. PUBACKs arrive on the
+        # network thread as (mid, failure reason or None) in `_acked_mids` (deque appends are atomic),
+        # matched on the publisher thread after the mid is recorded, so no lock is held around paho's
+        # own (lock order: no deadlock).
+        self._inflight: dict[int, tuple[int, str]] = {}
+        self._acked_mids: deque[tuple[int, ReasonCode | None]] = deque()
+        self._holds: dict[str, _Hold] = {}  # topics the broker refuses
+        self._refusals_logged: set[tuple[str, str]] = set()
+        self._unsaved_deletes: list[int] = []  # acknowledged rows whose delete failed: retried
+        self._commit_backoff = _Backoff()
+        self._deliver_backoff = _Backoff()
         self._wake = threading.Event()  # set by submit() and by PUBACKs: the publisher thread has work
         self._ack_batch = max(1, cfg.max_inflight // 4)
         self._last_sent = 0
@@ -168,7 +223,13 @@ class Publisher:
         return self.client.publish(self.topic("status"), self._status_json(state), qos=1, retain=True)
 
     def _status_json(self, state: str) -> bytes:
-        doc = {"state": state, "version": __version__, "boot_id": self.boot_id, "since": self.since}
+        doc = {
+            "state": state,
+            "version": __version__,
+            "boot_id": self.boot_id,
+            "since": self.since,
+            "spool": self.spool_state,
+        }
         doc.update(self._status_extra())
         return json.dumps(doc).encode()
 
@@ -207,8 +268,11 @@ class Publisher:
     def _on_publish(
         self, client: mqtt.Client, userdata: Any, mid: int, rc: ReasonCode, props: Properties | None
     ) -> None:
-        self._acked_mids.append(mid)  # matched to a spool row by the publisher thread
-        if len(self._acked_mids) >= self._ack_batch:  # wake the publisher for a batch, not for each PUBACK
+        # matched to a spool row by the publisher thread; a failure reason code is a refusal, not a delivery
+        self._acked_mids.append((mid, rc if rc.is_failure else None))
+        if (
+            rc.is_failure or len(self._acked_mids) >= self._ack_batch
+        ):  # wake the publisher for a batch, not for each PUBACK
             self._wake.set()
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
@@ -308,6 +372,7 @@ class Publisher:
         self._thread.start()
 
     def submit(self, result: Result) -> None:
+        self.results += 1
         try:
             self._q.put_nowait(("result", result))
             self._wake.set()
@@ -366,41 +431,159 @@ class Publisher:
         self.spool.append(topic, payload, qos)
         self.spooled += 1
 
+    def _refused(self, row_id: int, topic: str, rc: ReasonCode, now: float) -> None:
+        """A PUBACK with a failure reason code: the row stays; its topic is held, then retried."""
+        self.refused += 1
+        hold = self._holds.get(topic)
+        if hold is None:
+            hold = self._holds[topic] = _Hold(first_id=row_id)
+        elif hold.retrying:  # sent again after the hold and refused again
+            hold.backoff_s = min(hold.backoff_s * 2, MAX_BACKOFF_S)
+            hold.first_id = row_id
+        else:  # another refusal of the same round
+            hold.first_id = min(hold.first_id, row_id)
+            return
+        hold.retrying = False
+        hold.until = now + random.uniform(0.5, 1.0) * hold.backoff_s  # noqa: S311 jitter: a fleet does not retry in step
+        reason = f"{rc} (0x{rc.value:02x})"
+        self.last_error = f"the broker refused a publish to {topic}: {reason}"
+        if (topic, reason) not in self._refusals_logged:
+            self._refusals_logged.add((topic, reason))
+            logger.error(
+                "mqtt: %s; the message stays in the spool and %s is retried with backoff up to %.0f s",
+                self.last_error,
+                topic,
+                MAX_BACKOFF_S,
+            )
+
     def _deliver(self) -> None:
-        acked = []
+        now = time.monotonic()
+        acked, self._unsaved_deletes = self._unsaved_deletes, []
         while self._acked_mids:
-            row_id = self._inflight.pop(self._acked_mids.popleft(), None)
-            if row_id is not None:  # else: the PUBACK of a message that was not spooled (status, a reply)
-                acked.append(row_id)
+            mid, refusal = self._acked_mids.popleft()
+            entry = self._inflight.pop(mid, None)
+            if entry is None:  # the PUBACK of a message that was not spooled (status, a reply)
+                continue
+            row_id, topic = entry
+            if refusal is not None:
+                self._refused(row_id, topic, refusal, now)
+                continue
+            acked.append(row_id)
+            self.acked += 1
+            hold = self._holds.get(topic)
+            if hold is not None and hold.retrying:
+                del self._holds[topic]
+                self._refusals_logged = {k for k in self._refusals_logged if k[0] != topic}
+                logger.info("mqtt: the broker accepts publishes to %s again", topic)
         if acked:
-            self.spool.delete(acked)
-            self.acked += len(acked)
+            try:
+                self.spool.delete(acked)
+            except SpoolError:
+                self._unsaved_deletes = acked  # acknowledged: not sent again in this run, deleted later
+                raise
         if not self.connected:
             return
-        room = self.cfg.max_inflight - len(self._inflight)
-        if room <= 0 or not self._maybe_unsent:
-            return
-        rows = self.spool.after(self._last_sent, room)
-        if len(rows) < room:
-            self._maybe_unsent = False
-        for row in rows:
-            info = self.client.publish(row.topic, row.payload, qos=row.qos)
-            if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+        for hold in self._holds.values():
+            if not hold.retrying and now >= hold.until:  # the hold is over: send its rows again
+                hold.retrying = True
+                self._last_sent = min(self._last_sent, hold.first_id - 1)
                 self._maybe_unsent = True
-                break  # paho's queue is full: try again on the next turn
-            if row.qos > 0:
-                self._inflight[info.mid] = row.id
-            else:
-                self.spool.delete([row.id])
-            self._last_sent = row.id
-            self.published += 1
+        sending = {row_id for row_id, _ in self._inflight.values()} if self._holds else set()
+        for _ in range(20):  # rows of held topics are skipped: look further, boundedly
+            room = self.cfg.max_inflight - len(self._inflight)
+            if room <= 0 or not self._maybe_unsent:
+                return
+            rows = self.spool.after(self._last_sent, room)
+            if len(rows) < room:
+                self._maybe_unsent = False
+            for row in rows:
+                hold = self._holds.get(row.topic)
+                if (hold is not None and not hold.retrying) or row.id in sending:
+                    if hold is not None and not hold.retrying:
+                        hold.first_id = min(hold.first_id, row.id)
+                    self._last_sent = row.id
+                    continue
+                info = self.client.publish(row.topic, row.payload, qos=row.qos)
+                if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+                    self._maybe_unsent = True
+                    return  # paho's queue is full: try again on the next turn
+                if row.qos > 0:
+                    self._inflight[info.mid] = (row.id, row.topic)
+                else:
+                    self.spool.delete([row.id])
+                self._last_sent = row.id
+                self.published += 1
+            if not rows:
+                return
+
+    def _storage(self, backoff: _Backoff, op: Callable[[], None], now: float) -> bool:
+        """Run a spool operation; a storage failure is reported and retried with backoff, never fatal."""
+        try:
+            op()
+        except SpoolCorrupt as exc:
+            self._spool_failed(exc)
+            try:
+                self.spool.recover_corrupt(str(exc))
+            except SpoolError as again:
+                self._spool_failed(again)
+                backoff.failed(now)
+                return False
+            self._maybe_unsent = True
+            backoff.ok()
+            return False
+        except SpoolError as exc:
+            self._spool_failed(exc)
+            backoff.failed(now)
+            return False
+        backoff.ok()
+        if self.spool_state != "ok" and self._commit_backoff.delay_s == 0 and self._deliver_backoff.delay_s == 0:
+            self._spool_ok()
+        return True
+
+    def _spool_failed(self, exc: SpoolError) -> None:
+        msg = str(exc)
+        was = self.spool_state
+        if was == "ok" or msg != self.spool_error:
+            logger.error(
+                "%s; %d messages wait in memory (up to %.1f MB, then the oldest are dropped, counted); "
+                "retrying with backoff up to 30 s",
+                msg,
+                self.spool.pending_commit,
+                self.spool.max_unsaved_bytes / 2**20,
+            )
+        self.spool_state, self.spool_error = "failing", msg
+        if was == "ok" and self.connected:
+            self.publish_status("online")  # the retained status says "spool": "failing"
+
+    def _spool_ok(self) -> None:
+        logger.warning(
+            "spool: storage works again; %d messages were dropped from memory while it failed",
+            self.spool.dropped_unsaved,
+        )
+        self.spool_state, self.spool_error = "ok", ""
+        if self.connected:
+            self.publish_status("online")
+
+    def _announce_recoveries(self) -> None:
+        while self.spool.recoveries:
+            doc = self.spool.recoveries.popleft()
+            if self._on_event is not None:
+                self._on_event(doc)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as exc:  # a bug: the thread ends; the daemon sees it (Daemon._health) and exits
+            self.failure = f"{type(exc).__name__}: {exc}"
+            logger.critical("publisher: the thread died: %s", self.failure, exc_info=True)
+
+    def _loop(self) -> None:
         last_commit = time.monotonic()
         interval = self.spool_cfg.commit_interval_ms / 1000.0
         while True:
             self._wake.wait(min(0.05, interval))
             self._wake.clear()
+            now = self.last_progress = time.monotonic()
             try:
                 while True:  # take what is waiting, without blocking
                     kind, item = self._q.get_nowait()
@@ -409,37 +592,56 @@ class Publisher:
                 pass
             except Exception:  # a loop boundary: log once, count, keep going
                 logger.exception("publisher: cannot spool a message")
-            now = time.monotonic()
             # Commit as soon as the queue is drained (low latency at camera rates), and at least every
             # commit_interval_ms under load (group commit): the loss window is at most that interval.
+            # The commit also enforces the age bound, so it runs every interval even when nothing comes.
             pending = self.spool.pending_commit
-            if pending and (self._q.empty() or now - last_commit >= interval or pending >= 1000):
-                self.spool.commit()
+            due = now - last_commit >= interval or (pending and (self._q.empty() or pending >= 1000))
+            if due and self._commit_backoff.due(now) and self._storage(self._commit_backoff, self.spool.commit, now):
                 last_commit = now
-                self._maybe_unsent = True
-            elif now - last_commit >= interval:
-                self.spool.commit()  # enforces the age bound even when nothing new comes
-                last_commit = now
-            try:
-                self._deliver()
-            except Exception:
-                logger.exception("publisher: delivery failed; retrying")
+                if pending:
+                    self._maybe_unsent = True
+            if self._deliver_backoff.due(now):
+                self._storage(self._deliver_backoff, self._deliver, now)
+            self._announce_recoveries()
             if self._stop.is_set() and self._q.empty():
-                self.spool.commit()
-                self._maybe_unsent = True
+                if self._storage(self._commit_backoff, self.spool.commit, now):
+                    self._maybe_unsent = True
                 return
+
+    def alive(self, now: float, stall_s: float) -> tuple[bool, str]:
+        """The watchdog's question about the publisher thread: alive and turning?"""
+        if not self._thread.is_alive():
+            return False, f"the publisher thread died ({self.failure or 'no reason recorded'})"
+        stalled = now - self.last_progress
+        if stalled > stall_s:
+            return False, f"the publisher thread has made no progress for {stalled:.1f} s"
+        return True, ""
+
+    @property
+    def thread_died(self) -> bool:
+        return self._thread.ident is not None and not self._thread.is_alive() and not self._stop.is_set()
 
     def stats(self) -> dict[str, Any]:
         inflight = len(self._inflight)
         return {
             "connected": self.connected,
+            "results": self.results,
             "spooled": self.spooled,
             "published": self.published,
             "acked": self.acked,
+            "refused": self.refused,
             "inflight": inflight,
             "spool_rows": self.spool.rows,
             "spool_mb": round(self.spool.bytes / 2**20, 3),
             "spool_dropped": self.spool.dropped,
+            "spool_state": self.spool_state,
+            "spool_error": self.spool_error,
+            "spool_errors": self.spool.errors,
+            "spool_unsaved": self.spool.pending_commit,
+            "spool_dropped_unsaved": self.spool.dropped_unsaved,
+            "spool_lost": self.spool.lost,
+            "spool_recovered": self.spool.recovered,
             "dropped_queue_full": self.dropped_queue_full,
             "oversized": self.oversized,
             "connects": self.connects,
@@ -455,22 +657,30 @@ class Publisher:
         self._stop.set()
         self._thread.join(timeout_s)
         deadline = time.monotonic() + timeout_s
-        while self.connected and self.spool.rows and time.monotonic() < deadline:
+        try:
+            while self.connected and self.spool.rows and time.monotonic() < deadline:
+                self._deliver()
+                time.sleep(0.02)
             self._deliver()
-            time.sleep(0.02)
-        self._deliver()
+        except SpoolError as exc:
+            logger.error("mqtt: delivery at stop ended early: %s", exc)
         if self.connected:
             info = self.publish_status("stopped")
             try:
                 info.wait_for_publish(max(0.1, deadline - time.monotonic()))
             except (RuntimeError, ValueError):
                 logger.warning("mqtt: 'stopped' status not acknowledged before disconnecting")
-        if self.spool.rows:
-            logger.warning("mqtt: %d messages not acknowledged at stop; they stay in the spool", self.spool.rows)
         self.client.disconnect()
         self._net_stop.set()
         self._net_thread.join(5.0)
         # paho opens a wake-up socket pair in reconnect() and closes it only in loop_stop() (which we do
         # not use: our own thread drives loop()) or when the client is garbage-collected; close it now.
         self.client._reset_sockets()
-        self.spool.close()
+        self.spool.close()  # writes what is pending, re-creates a deleted file; says what it lost
+        self.left_in_spool = self.spool.rows
+        if self.left_in_spool:
+            logger.warning(
+                "mqtt: %d messages not acknowledged at stop; they stay in the spool (%s) for the next start",
+                self.left_in_spool,
+                self.spool.path,
+            )

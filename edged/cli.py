@@ -421,9 +421,13 @@ def _run(args: argparse.Namespace) -> int:
     summary = daemon.run(args.duration)
     print(
         f"edged: {summary.results} results in {summary.batches} batches over {summary.seconds:.1f} s; "
-        f"peak RSS {summary.peak_rss_mb:.0f} MB",
+        f"{summary.spooled} messages spooled, {summary.delivered} delivered, {summary.left_in_spool} left in "
+        f"the spool, {summary.lost} dropped; peak RSS {summary.peak_rss_mb:.0f} MB",
         file=sys.stderr,
     )
+    if summary.failure:
+        print(f"edged: stopped: {summary.failure}", file=sys.stderr)
+        return 1
     if daemon.restart_reason:  # a probation rollback that cannot be done live: systemd starts us again
         print(f"edged: stopped for a restart: {daemon.restart_reason}", file=sys.stderr)
         return 3
