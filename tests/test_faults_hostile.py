@@ -24,9 +24,12 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from edged.daemon.governor import admit
 from edged.daemon.ota import pack_chunk
-from edged.errors import PackageError
+from edged.daemon.swap import activation_mb, estimate_mb
+from edged.errors import EngineLoadError, PackageError
 from edged.models.demo import DemoAssets
+from edged.models.footprint import activation_bytes
 from edged.models.package import open_package, pack_tar, write_package
 from edged.models.rebatch import rebatch
 from edged.models.signing import SigningKey, TrustStore
@@ -40,6 +43,10 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def dropped(sub: Any) -> int:
+    return int((last_telemetry(sub).get("ota") or {}).get("chunks_dropped", 0))
 
 
 def last_telemetry(sub: Any) -> dict[str, Any]:
@@ -122,6 +129,22 @@ def test_a_big_batch_package_is_refused_before_its_warm_up(demo: DemoAssets, tmp
     assert peak_mb < 600
 
 
+def test_an_engine_is_admitted_on_its_recorded_device_memory(demo: DemoAssets, tmp_path: Path) -> None:
+    """No GPU needed: the estimate reads the manifest (what `edged build-engine` records), not the engine."""
+    src = demo.packages[MODEL]
+    fields = src.manifest.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
+    engine = tmp_path / "model.engine"
+    engine.write_bytes(b"\0" * 4096)
+    fields.update(kind="engine", model_file="model.engine", compatibility={"device_memory_bytes": 3 << 30})
+    pkg = write_package(tmp_path / "eng", fields, {"model.engine": engine, "labels.txt": src.root / "labels.txt"})
+    assert activation_mb(pkg) == 3072 and 3072 < estimate_mb(pkg) < 3080
+    with pytest.raises(EngineLoadError, match=r"does not fit the memory budget: 307\d\.\d MB") as exc:
+        admit(pkg.ref, estimate_mb(pkg), 10.0, 1100.0, 4096)
+    assert exc.value.code == "over_budget"
+    onnx_pkg = open_package(src.root)  # an ONNX graph: its peak of intermediate tensors, twice
+    assert activation_mb(onnx_pkg) == 2 * activation_bytes(onnx_pkg.model_path) / 2**20 > 0
+
+
 def hungry_variant(src: Path, out: Path, repeats: int) -> Path:
     """The same model, input spec and outputs plus a side branch with one big intermediate tensor (the input
     tiled `repeats` times, summed, multiplied by zero and added to the first output): a real model whose
@@ -198,20 +221,21 @@ def test_junk_chunks_without_a_transfer_are_dropped_and_a_push_still_works(
     wait_results(sub, 1)
     wait_until(lambda: bool(last_telemetry(sub)), 15, "telemetry")
     before = rss_mb(d.proc.pid)
-    hostile = Peer(broker)
-    try:
-        junk = pack_chunk({"transfer": "junk", "file": "model.onnx", "offset": 0}, bytes(JUNK_MB << 20))
-        for _ in range(JUNK_CHUNKS):
-            hostile.c.publish("edged/cam-01/ota/data", junk, qos=1).wait_for_publish(30)
-    finally:
-        hostile.close()
-    wait_until(
-        lambda: (last_telemetry(sub).get("ota") or {}).get("chunks_dropped", 0) >= JUNK_CHUNKS,
-        60,
-        "telemetry counting the dropped chunks",
-    )
-    grown = rss_mb(d.proc.pid) - before
-    assert grown < 128, f"RSS grew by {grown:.0f} MB after {JUNK_CHUNKS} x {JUNK_MB} MB of junk"
+    junk = pack_chunk({"transfer": "junk", "file": "model.onnx", "offset": 0}, bytes(JUNK_MB << 20))
+    seen: list[float] = []
+    for n in (JUNK_CHUNKS // 2, JUNK_CHUNKS):  # two rounds: the second must not add to the first
+        hostile = Peer(broker)
+        try:
+            for _ in range(JUNK_CHUNKS // 2):
+                hostile.c.publish("edged/cam-01/ota/data", junk, qos=1).wait_for_publish(30)
+        finally:
+            hostile.close()
+        wait_until(lambda: dropped(sub) >= n, 60, f"telemetry counting {n} dropped chunks")  # noqa: B023
+        seen.append(rss_mb(d.proc.pid))
+    # paho reads each 32 MiB message whole and malloc keeps some of that around (measured +50..80 MB, then
+    # flat): a bounded cost, not a queue, which held 16 chunks (+546 MB) before
+    assert seen[1] - seen[0] < 2 * JUNK_MB, f"RSS {before:.0f} -> {seen[0]:.0f} -> {seen[1]:.0f} MB: it grows"
+    assert seen[1] - before < 128, f"RSS grew by {seen[1] - before:.0f} MB after {JUNK_CHUNKS} x {JUNK_MB} MB of junk"
     ota = last_telemetry(sub)["ota"]
     assert ota["queued_bytes"] == 0 and ota["transfer"] is None
     assert "dropped" in d.output() and d.output().count("ota: dropped") == 1  # logged once, throttled
