@@ -195,7 +195,7 @@ class Commands:
     def _response_topic(msg: MQTTMessage) -> str | None:
         in_props = getattr(msg, "properties", None)
         topic = getattr(in_props, "ResponseTopic", None) if in_props is not None else None
-        return topic if isinstance(topic, str) else None
+        return topic if isinstance(topic, str) and topic else None  # an empty one is no response topic
 
     def execute(self, verb: str, payload: bytes, retained: bool = False) -> dict[str, Any]:
         spec = self.verbs.get(verb)
