@@ -55,7 +55,7 @@ from .publish import Publisher, iso
 from .sensors import Sensors
 from .spool import Spool
 from .startup import Signals, StateLock, StoppedBeforeStart
-from .swap import ModelManager, check_io
+from .swap import ModelManager, check_io, estimate_mb
 from .systemd import Watchdog, monotonic_usec, notify, set_log_model
 
 logger = logging.getLogger(__name__)
@@ -271,14 +271,17 @@ class Daemon:
         package = resolve_package(cfg)
         m = package.manifest
         in_use_mb = _memory_mb().get("rss_mb", 0.0)
+        row_mb = int(np.prod(m.input.shape[1:])) * np.dtype(m.input.dtype).itemsize / 2**20
+        buffers_mb = row_mb * (3 * len(cfg.cameras) + m.input.batch)
+        model_mb = estimate_mb(package)  # weights, I/O and activations: refused before anything is loaded
+        admit(package.ref, model_mb, buffers_mb, in_use_mb, cfg.memory.budget_mb)
         backend = backend or _open_model_backend(cfg, package)
         try:
             check_io(package, backend)
             shapes = {o.name: o.shape for o in backend.outputs}
             decoder = build_decoder(m.decoder, m.input, m.labels, shapes)
-            row_mb = int(np.prod(m.input.shape[1:])) * np.dtype(m.input.dtype).itemsize / 2**20
-            buffers_mb = row_mb * (3 * len(cfg.cameras) + m.input.batch)
-            admit(package.ref, backend.memory_bytes / 2**20, buffers_mb, in_use_mb, cfg.memory.budget_mb)
+            loaded_mb = max(model_mb, backend.memory_bytes / 2**20)  # an engine's device memory, as loaded
+            admit(package.ref, loaded_mb, buffers_mb, in_use_mb, cfg.memory.budget_mb)
         except Exception:
             backend.close()
             raise
@@ -594,6 +597,7 @@ class Daemon:
             "memory": memory,
             "governor": gov,
             "sensors": sensors,
+            "ota": self.ota.stats() if self.ota is not None else None,
         }
 
     def run(self, duration_s: float | None = None, install_signals: bool = True) -> RunSummary:

@@ -4,7 +4,16 @@ A command's payload is capped (16 KiB), never empty (an empty publish clears a r
 ``{}`` means no arguments), and parsed strictly before anything acts on it: UTF-8, a
 JSON object without duplicate keys, without NaN or Infinity, nested at most 16 deep, then validated
 against the verb's schema (unknown fields are errors). The reply goes to the MQTT v5 response topic
-with the correlation data when the command carries them, else to ``…/cmd/<verb>/reply``:
+with the correlation data when the command carries them, else to ``…/cmd/<verb>/reply``. A response
+topic is confined to what the shipped ACL (systemd/mosquitto/edged.acl) lets a device publish, so a
+command can never steer a reply into another device's topics, ``$SYS/…`` or anywhere a strict broker
+would disconnect the device for:
+
+    <prefix>/<device>/reply/<anything>          the device's own reply namespace
+    <prefix>/_push/<id>/reply                   a pusher's (``edged push``) reply topic
+
+Any other response topic is refused: the command is not run, and the refusal (code
+``bad_response_topic``, with the correlation data) goes to ``…/cmd/<verb>/reply``.
 
     {"schema": "edged.reply/1", "verb": "pause", "ok": true, "result": {...}}
     {"schema": "edged.reply/1", "verb": "snapshot", "ok": false, "error": {"code": "...", "message": "..."}}
@@ -21,6 +30,7 @@ import contextlib
 import json
 import logging
 import queue
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +46,7 @@ logger = logging.getLogger(__name__)
 MAX_COMMAND_BYTES = 16 * 1024
 MAX_DEPTH = 16
 REPLY_SCHEMA = "edged.reply/1"
+_PUSH_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class CommandError(Exception):
@@ -106,8 +117,21 @@ def parse_payload(payload: bytes, cap: int = MAX_COMMAND_BYTES) -> dict[str, Any
     return doc
 
 
+def response_topic_allowed(topic: str, root: str) -> bool:
+    """Whether a device whose topics are under `root` (``<prefix>/<device>``) may reply on `topic`."""
+    if not topic or len(topic.encode()) > 1024 or any(c in topic for c in "+#\x00") or topic.startswith("$"):
+        return False
+    if topic.startswith(root + "/reply/") and "//" not in topic:
+        return True
+    prefix = root.rpartition("/")[0]
+    head, _, rest = topic.partition(prefix + "/_push/")
+    token, _, tail = rest.partition("/")
+    return head == "" and tail == "reply" and _PUSH_ID.fullmatch(token) is not None
+
+
 class Commands:
     def __init__(self, root: str, reply: Callable[[str, bytes, Properties | None], None]) -> None:
+        """`root`: the device's topics, ``<prefix>/<device>``; `reply(topic, payload, properties)` sends."""
         self.root = root
         self._reply = reply
         self.verbs: dict[str, Verb] = {}
@@ -145,6 +169,7 @@ class Commands:
         while (msg := self._q.get()) is not None:
             verb = self._verb_of(msg.topic)
             try:
+                self._check_response_topic(msg)
                 result = self.execute(verb, bytes(msg.payload), bool(msg.retain))
                 self._answer(msg, verb, result=result)
                 self.handled += 1
@@ -156,6 +181,21 @@ class Commands:
                 self.rejected += 1
                 logger.exception("command %s failed", verb)
                 self._answer(msg, verb, error=CommandError("failed", f"{type(exc).__name__}: {exc}"))
+
+    def _check_response_topic(self, msg: MQTTMessage) -> None:
+        topic = self._response_topic(msg)
+        if topic is not None and not response_topic_allowed(topic, self.root):
+            raise CommandError(
+                "bad_response_topic",
+                f"response topic {topic[:200]!r} is outside this device's reply topics ({self.root}/reply/… or "
+                f"{self.root.rpartition('/')[0]}/_push/<id>/reply); the command was not run",
+            )
+
+    @staticmethod
+    def _response_topic(msg: MQTTMessage) -> str | None:
+        in_props = getattr(msg, "properties", None)
+        topic = getattr(in_props, "ResponseTopic", None) if in_props is not None else None
+        return topic if isinstance(topic, str) and topic else None  # an empty one is no response topic
 
     def execute(self, verb: str, payload: bytes, retained: bool = False) -> dict[str, Any]:
         spec = self.verbs.get(verb)
@@ -183,8 +223,8 @@ class Commands:
         else:
             doc["error"] = {"code": error.code, "message": str(error)[:500]}
         in_props = getattr(msg, "properties", None)
-        topic = getattr(in_props, "ResponseTopic", None) if in_props is not None else None
-        if not isinstance(topic, str) or not topic or any(c in topic for c in "+#\x00"):
+        topic = self._response_topic(msg)
+        if topic is None or not response_topic_allowed(topic, self.root):
             topic = f"{self.root}/cmd/{verb or 'unknown'}/reply"
         props = None
         corr = getattr(in_props, "CorrelationData", None) if in_props is not None else None

@@ -53,7 +53,7 @@ def admit(model: str, model_mb: float, buffers_mb: float, in_use_mb: float, budg
     need = in_use_mb + model_mb + buffers_mb
     if need > budget_mb:
         raise EngineLoadError(
-            f"model {model} does not fit the memory budget: {model_mb:.1f} MB (weights and I/O) + "
+            f"model {model} does not fit the memory budget: {model_mb:.1f} MB (weights, I/O and activations) + "
             f"{buffers_mb:.1f} MB of frame buffers on top of {in_use_mb:.1f} MB in use = {need:.1f} MB, "
             f"over memory.budget_mb {budget_mb:.0f} MB",
             code="over_budget",

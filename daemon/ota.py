@@ -6,7 +6,10 @@
     device ── ota/status {transfer, state, bytes, total, error} ──> pusher   (QoS 1, retained)
 
 The device asks only for bytes inside each file's declared size and writes a chunk only where it
-asked, so nothing is ever written past a declared size. Progress (bytes fsynced per file) is kept
+asked, so nothing is ever written past a declared size. A chunk is checked on arrival, on paho's
+network thread, against the requests in flight (transfer, file, offset, length): anything nobody
+asked for (junk with no transfer running, a stale or duplicate answer) is dropped there and counted,
+so it is never held; what waits for the transfer thread is bounded in bytes. Progress (bytes fsynced per file) is kept
 under ``<state_dir>/ota/<manifest sha256[:16]>/`` and survives a broker outage (requests are asked
 again every `ota.retry_s`) and a daemon restart (the transfer resumes at start, from the persisted
 offsets, after checking the offer again). When every file is in, each is checked against its
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import hashlib
 import json
 import logging
@@ -52,6 +54,7 @@ logger = logging.getLogger(__name__)
 OTA_SCHEMA = "edged.ota/1"
 MAX_OFFER_BYTES = 512 * 1024  # a base64 manifest of up to 256 KiB and its signature
 PROGRESS_EVERY = 1 << 20  # fsync and persist progress at least every MiB
+DROP_LOG_EVERY_S = 60.0  # at most one log line a minute about chunks dropped on arrival
 
 
 class OfferArgs(BaseModel):
@@ -67,13 +70,19 @@ def pack_chunk(header: dict[str, Any], data: bytes) -> bytes:
 
 
 def unpack_chunk(payload: bytes) -> tuple[dict[str, Any], bytes]:
+    header, start = _chunk_header(payload)
+    return header, payload[start:]
+
+
+def _chunk_header(payload: bytes | bytearray) -> tuple[dict[str, Any], int]:
+    """A chunk's header and where its data starts; the data itself is not copied."""
     if len(payload) < 2:
         raise ValueError("short chunk")
     (n,) = struct.unpack(">H", payload[:2])
     header = json.loads(payload[2 : 2 + n])
     if not isinstance(header, dict):
         raise ValueError("chunk header is not an object")
-    return header, payload[2 + n :]
+    return header, 2 + n
 
 
 @dataclass
@@ -135,11 +144,20 @@ class OtaReceiver:
         self._install = install
         self._rejected = rejected
         self._stop = stop
-        self._chunks: queue.Queue[_Chunk] = queue.Queue(maxsize=max(8, cfg.window * 4))
+        self._chunks: queue.Queue[_Chunk] = queue.Queue()
+        # What the transfer thread asked for and has not received: (transfer, file, offset) -> length. The
+        # network thread queues only these, so nothing unasked-for is ever held (bounded in bytes too).
+        self._wanted: dict[tuple[str, str, int], int] = {}
+        self._queued_bytes = 0
+        self.max_queued_bytes = 2 * cfg.window * cfg.chunk_kb * 1024
+        self._want_lock = threading.Lock()
         self._lock = threading.Lock()
         self._current: Transfer | None = None
         self._thread: threading.Thread | None = None
-        self.bad_chunks = 0
+        self.bad_chunks = 0  # asked for, but the wrong length (never written)
+        self.dropped_chunks = 0  # not asked for (no transfer, another transfer, a stale or unknown chunk)
+        self.dropped_bytes = 0
+        self._dropped_logged = (0.0, 0)  # (monotonic time, dropped_chunks) of the last log line
         self.completed = 0
 
     # ---- the offer (command thread) --------------------------------------------------------
@@ -221,16 +239,68 @@ class OtaReceiver:
         self._thread = threading.Thread(target=self._run, args=(t,), name="ota", daemon=True)
         self._thread.start()
 
-    # ---- chunks (paho's network thread: parse and queue only) ------------------------------
+    # ---- chunks (paho's network thread: check the header, queue only what was asked for) -----
     def on_data(self, msg: MQTTMessage) -> None:
+        payload = msg.payload
         try:
-            header, data = unpack_chunk(bytes(msg.payload))
-            chunk = _Chunk(str(header["transfer"]), str(header["file"]), int(header["offset"]), data)
+            header, start = _chunk_header(payload)
+            key = (str(header["transfer"]), str(header["file"]), int(header["offset"]))
         except (ValueError, KeyError, TypeError):
-            self.bad_chunks += 1
+            self._drop(len(payload), "malformed")
             return
-        with contextlib.suppress(queue.Full):  # a dropped chunk is asked for again after retry_s
-            self._chunks.put_nowait(chunk)
+        size = len(payload) - start
+        with self._want_lock:
+            length = self._wanted.get(key)
+            if length is None:
+                drop = "not asked for"
+            elif size != length:  # asked for, the wrong length: never written; the transfer asks again
+                drop = ""
+                del self._wanted[key]
+                self.bad_chunks += 1
+            elif self._queued_bytes + size > self.max_queued_bytes:
+                drop = "queue full"
+            else:
+                drop = ""
+                del self._wanted[key]
+                self._queued_bytes += size
+        if drop:
+            self._drop(len(payload), drop)  # asked for again after retry_s when it was wanted
+            return
+        data = bytes(payload[start:]) if length == size else b""  # b"": the wrong length, never written
+        self._chunks.put_nowait(_Chunk(*key, data))
+
+    def _drop(self, nbytes: int, why: str) -> None:
+        self.dropped_chunks += 1
+        self.dropped_bytes += nbytes
+        now = time.monotonic()
+        last_t, last_n = self._dropped_logged
+        if now - last_t >= DROP_LOG_EVERY_S:
+            self._dropped_logged = (now, self.dropped_chunks)
+            logger.warning(
+                "ota: dropped %d chunk(s) on ota/data since the last report (this one %s, %d bytes); %d dropped in all",
+                self.dropped_chunks - last_n,
+                why,
+                nbytes,
+                self.dropped_chunks,
+            )
+
+    def stats(self) -> dict[str, Any]:
+        """For telemetry: the running transfer, chunks dropped on arrival, bytes waiting to be written."""
+        cur = self._current
+        running = cur is not None and self._thread is not None and self._thread.is_alive()
+        return {
+            "transfer": cur.id if running and cur is not None else None,
+            "completed": self.completed,
+            "chunks_dropped": self.dropped_chunks,
+            "chunks_dropped_bytes": self.dropped_bytes,
+            "chunks_bad": self.bad_chunks,
+            "queued_bytes": self._queued_bytes,
+        }
+
+    def _forget(self) -> None:
+        """Stop wanting the requests in flight (one transfer runs at a time): late answers are dropped."""
+        with self._want_lock:
+            self._wanted.clear()
 
     # ---- the transfer thread ---------------------------------------------------------------
     def _run(self, t: Transfer) -> None:
@@ -304,6 +374,8 @@ class OtaReceiver:
                     last_ask = time.monotonic()
                 try:
                     c = self._chunks.get(timeout=0.25)
+                    with self._want_lock:
+                        self._queued_bytes -= len(c.data)
                 except queue.Empty:
                     now = time.monotonic()
                     if now - last_data > self.cfg.give_up_s:
@@ -313,13 +385,14 @@ class OtaReceiver:
                         ) from None
                     if now - last_ask > self.cfg.retry_s:  # lost requests or chunks (broker away?): ask again
                         asked.clear()
+                        self._forget()
                         next_off = done
                     continue
                 if c.transfer != t.id or c.file != name or c.offset != done or c.offset not in asked:
                     continue  # a duplicate, a stale answer, another transfer's chunk
                 if len(c.data) != asked[c.offset] or c.offset + len(c.data) > size:
-                    self.bad_chunks += 1
-                    asked.clear()
+                    asked.clear()  # the wrong length (on_data counted it): ask again from here
+                    self._forget()
                     next_off = done
                     continue  # never written: only the bytes asked for, inside the declared size
                 os.pwrite(fd, c.data, c.offset)
@@ -336,10 +409,13 @@ class OtaReceiver:
                     self.status(t.id, "downloading", model=(m.name, m.version), done=t.have, total=t.total)
                     last_status = last_data
         finally:
+            self._forget()
             os.close(fd)
 
     def _ask(self, t: Transfer, name: str, offset: int, length: int) -> None:
         doc = {"transfer": t.id, "file": name, "offset": offset, "length": length}
+        with self._want_lock:
+            self._wanted[(t.id, name, offset)] = length
         self._publish(self._topic("ota/req"), json.dumps(doc).encode(), 0, False)
 
     def status(

@@ -20,11 +20,13 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from edged.errors import PackageError
+
+from .signing import MAX_SIG_BYTES, SIG_FILE
 
 SCHEMA = "edged.model/1"
 MANIFEST = "manifest.json"
@@ -180,6 +182,8 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
         raise PackageError(f"{where}: manifest is {len(data)} bytes, over {MAX_MANIFEST_BYTES}", code="too_large")
     try:
         raw = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except RecursionError as exc:
+        raise PackageError(f"{where}: manifest is nested too deeply", code="manifest_invalid") from exc
     except (UnicodeDecodeError, ValueError) as exc:
         raise PackageError(f"{where}: manifest is not valid JSON: {exc}", code="manifest_invalid") from exc
     try:
@@ -202,7 +206,12 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def open_package(path: str | os.PathLike[str], scratch: Path | None = None) -> Package:
-    """Open a package folder, or unpack a package tar into `scratch`, and check every file."""
+    """Open a package folder, or unpack a package tar into `scratch`, and check every file.
+
+    A tar is read manifest first: every member must be `manifest.json`, `manifest.sig` or a file the
+    manifest declares, at the size it declares, or the tar is refused before any byte of that member
+    is written (`undeclared_file`, `size_mismatch`); each file is then copied capped at its declared
+    size, so a tar can never put more into `scratch` than its manifest says."""
     path = Path(path)
     if path.is_dir():
         return verify_folder(path)
@@ -213,12 +222,19 @@ def open_package(path: str | os.PathLike[str], scratch: Path | None = None) -> P
     dest = Path(tempfile.mkdtemp(prefix="pkg-", dir=scratch))
     try:
         with tarfile.open(path) as tar:
-            for member in tar.getmembers():
-                if not member.isfile() or "/" in member.name.strip("./") or member.name.startswith(".."):
-                    raise PackageError(f"{path}: unexpected entry {member.name!r}", code="not_a_package")
-            tar.extractall(dest, filter="data")
-        if not (dest / MANIFEST).is_file():
-            raise PackageError(f"{path}: no {MANIFEST} in this tar", code="not_a_package")
+            members = tar_members(tar, str(path))
+            head = members.get(MANIFEST)
+            if head is None:
+                raise PackageError(f"{path}: no {MANIFEST} in this tar", code="not_a_package")
+            if head.size > MAX_MANIFEST_BYTES:
+                raise PackageError(
+                    f"{path}: {MANIFEST} is {head.size} bytes, over {MAX_MANIFEST_BYTES}", code="too_large"
+                )
+            manifest = parse_manifest(_read_member(tar, head, str(path)), f"{path}:{MANIFEST}")
+            check_members(members, manifest, str(path))
+            for name, member in members.items():
+                cap = manifest.files[name].size if name in manifest.files else member.size
+                copy_capped(_open_member(tar, member, str(path)), dest / name, cap, f"{path}:{name}")
         return verify_folder(dest)
     except (tarfile.TarError, OSError) as exc:
         shutil.rmtree(dest, ignore_errors=True)
@@ -226,6 +242,74 @@ def open_package(path: str | os.PathLike[str], scratch: Path | None = None) -> P
     except PackageError:
         shutil.rmtree(dest, ignore_errors=True)
         raise
+
+
+def tar_members(tar: tarfile.TarFile, where: str) -> dict[str, tarfile.TarInfo]:
+    """A package tar's members by plain name (a leading ``./`` dropped); only regular files at the top
+    level, each name once."""
+    out: dict[str, tarfile.TarInfo] = {}
+    for member in tar.getmembers():
+        if member.isdir() and member.name in (".", "./"):
+            continue  # the folder itself, in a tar of a package folder's contents
+        name = member.name[2:] if member.name.startswith("./") else member.name
+        if not member.isfile() or not name or "/" in name or name.startswith("."):
+            raise PackageError(f"{where}: unexpected entry {member.name!r}", code="not_a_package")
+        if name in out:
+            raise PackageError(f"{where}: {name!r} is in the tar twice", code="not_a_package")
+        out[name] = member
+    return out
+
+
+def check_members(members: dict[str, tarfile.TarInfo], manifest: Manifest, where: str) -> None:
+    """Every member declared by the manifest (or the manifest and its signature), at its declared size."""
+    for name, member in members.items():
+        if name == MANIFEST:
+            continue
+        if name == SIG_FILE:
+            if member.size > MAX_SIG_BYTES:
+                raise PackageError(
+                    f"{where}: {SIG_FILE} is {member.size} bytes, over {MAX_SIG_BYTES}", code="too_large"
+                )
+            continue
+        entry = manifest.files.get(name)
+        if entry is None:
+            raise PackageError(
+                f"{where}: {name!r} ({member.size} bytes) is not declared in the manifest; refused before "
+                "anything of it is written",
+                code="undeclared_file",
+            )
+        if member.size != entry.size:
+            raise PackageError(
+                f"{where}: {name} is {member.size} bytes in the tar, the manifest says {entry.size}",
+                code="too_long" if member.size > entry.size else "size_mismatch",
+            )
+
+
+def _open_member(tar: tarfile.TarFile, member: tarfile.TarInfo, where: str) -> IO[bytes]:
+    f = tar.extractfile(member)
+    if f is None:
+        raise PackageError(f"{where}: {member.name} cannot be read", code="not_a_package")
+    return f
+
+
+def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo, where: str) -> bytes:
+    with _open_member(tar, member, where) as f:
+        return f.read(member.size)
+
+
+def copy_capped(src: IO[bytes], dst: Path, size: int, where: str) -> None:
+    """Copy `src` to `dst`, refusing (`too_long`) before writing a byte past `size`; fsynced."""
+    written = 0
+    with src, open(dst, "wb") as out:
+        while chunk := src.read(_CHUNK):
+            if written + len(chunk) > size:
+                raise PackageError(f"{where}: longer than the {size} bytes the manifest declares", code="too_long")
+            written += len(chunk)
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    if written != size:
+        raise PackageError(f"{where}: {written} bytes, the manifest says {size}", code="size_mismatch")
 
 
 def verify_folder(root: Path) -> Package:

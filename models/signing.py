@@ -119,6 +119,8 @@ class TrustStore:
             kid, alg, sig = doc["key_id"], doc["alg"], base64.b64decode(doc["sig"], validate=True)
             if doc.get("schema") != SIG_SCHEMA or not isinstance(kid, str):
                 raise ValueError(f"schema is not {SIG_SCHEMA}")
+        except RecursionError as exc:  # json.loads recurses once per level: a deeply nested document
+            raise PackageError(f"{where}: {SIG_FILE} is malformed: nested too deeply", code="bad_signature") from exc
         except (ValueError, KeyError, TypeError) as exc:
             raise PackageError(f"{where}: {SIG_FILE} is malformed: {exc}", code="bad_signature") from exc
         if alg != "ed25519":

@@ -36,7 +36,16 @@ from typing import Any, Literal
 from edged.errors import PackageError, StateDirError
 
 from .compat import DeviceFacts, detect, mismatches
-from .package import MANIFEST, MAX_MANIFEST_BYTES, Manifest, Package, parse_manifest, verify_folder
+from .package import (
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    Package,
+    check_members,
+    parse_manifest,
+    tar_members,
+    verify_folder,
+)
 from .signing import SIG_FILE, TrustStore
 
 STATE = "state.json"
@@ -511,7 +520,8 @@ def _copy_files(source: Path, stage: Path, m: Manifest) -> None:
             _copy_capped(src.open("rb"), stage / name, entry.size, str(src))
         return
     with tarfile.open(source) as tar:
-        members = {mem.name: mem for mem in tar.getmembers()}
+        members = tar_members(tar, str(source))
+        check_members(members, m, str(source))  # nothing undeclared, nothing over its declared size
         for name, entry in m.files.items():
             mem = members.get(name)
             if mem is None or not mem.isfile():

@@ -20,7 +20,14 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel, ConfigDict
 
-from edged.daemon.commands import MAX_COMMAND_BYTES, CommandError, Commands, NoArgs, parse_payload
+from edged.daemon.commands import (
+    MAX_COMMAND_BYTES,
+    CommandError,
+    Commands,
+    NoArgs,
+    parse_payload,
+    response_topic_allowed,
+)
 from edged.models.demo import DemoAssets
 
 from .conftest import base_config, free_port, wait_until, write_config
@@ -110,7 +117,9 @@ class Client:
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"backend-{free_port()}", protocol=mqtt.MQTTv5)
         self.c.on_message = self._on
         self.c.connect(host, port)
-        self.c.subscribe([("backend/replies", 1), ("edged/test-01/snapshot/#", 0), ("edged/test-01/cmd/+/reply", 1)])
+        self.c.subscribe(
+            [("edged/test-01/reply/backend", 1), ("edged/test-01/snapshot/#", 0), ("edged/test-01/cmd/+/reply", 1)]
+        )
         self.c.loop_start()
         time.sleep(0.3)
         self.n = 0
@@ -126,7 +135,7 @@ class Client:
         self.n += 1
         corr = f"req-{self.n}".encode()
         props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-        props.ResponseTopic = "backend/replies"
+        props.ResponseTopic = "edged/test-01/reply/backend"  # the device's own reply namespace
         props.CorrelationData = corr
         self.c.publish(f"edged/test-01/cmd/{verb}", payload, qos=1, retain=retain, properties=props)
         return corr
@@ -230,3 +239,29 @@ def test_fuzzed_commands_over_mqtt_each_get_a_reply(
         cli.close()
     assert all(r["schema"] == "edged.reply/1" and isinstance(r["ok"], bool) for r in cli.replies.values())
     assert d.stop() == 0 and "Traceback" not in d.output()
+
+
+@pytest.mark.parametrize(
+    ("topic", "allowed"),
+    [
+        ("edged/dev/reply/backend", True),
+        ("edged/dev/reply/a/b", True),
+        ("edged/_push/0123abcd/reply", True),
+        ("edged/other/reply/x", False),  # another device's reply namespace
+        ("edged/other/results/cam", False),
+        ("edged/dev/results/cam", False),  # the device's own results: not a reply topic
+        ("edged/dev/reply", False),
+        ("$SYS/broker/x", False),
+        ("backend/replies", False),
+        ("edged/_push/a/b/reply", False),
+        ("edged/_push/../reply", False),
+        ("x/edged/_push/a/reply", False),
+        ("edged/dev/reply/+", False),
+        ("edged/dev/reply/#", False),
+        ("edged/dev/reply/\x00", False),
+        ("edged/dev/reply/" + "x" * 2000, False),
+        ("", False),
+    ],
+)
+def test_response_topics_are_confined_to_the_devices_own(topic: str, allowed: bool) -> None:
+    assert response_topic_allowed(topic, "edged/dev") is allowed

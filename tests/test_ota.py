@@ -251,7 +251,7 @@ def test_ota_completes_across_a_20s_broker_outage_and_a_daemon_restart(
     demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
 ) -> None:
     doc = device_doc(broker, demo, tmp_path, "cam-01")
-    doc["ota"] = {"chunk_kb": 16, "window": 1, "retry_s": 2}  # slow enough to interrupt twice
+    doc["ota"] = {"chunk_kb": 4, "window": 1, "retry_s": 2}  # slow enough (~3,000 round trips) to interrupt twice
     cfg = write_config(tmp_path / "cam-01.yaml", doc)
     install(cfg, build(demo, tmp_path, signer, 1))
     payload = tmp_path / "calibration.bin"

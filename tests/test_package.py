@@ -130,3 +130,21 @@ def test_daemon_with_bad_model_exits_1_with_clear_error(
     assert run.returncode == 1
     expected = "sha256 does not match the manifest" if damage == "flip" else "no such model package"
     assert expected in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize(
+    "sig",
+    [
+        b"[" * 2000 + b"]" * 2000,  # under the 4 KiB cap, deeper than json's recursion limit
+        b'{"a":' * 650 + b"1" + b"}" * 650,
+        b"[]",
+        b'"x"',
+        b'{"key_id": [], "alg": 1, "sig": 2}',
+    ],
+)
+def test_a_garbage_or_deeply_nested_signature_is_a_bad_signature(sig: bytes, tmp_path: Path) -> None:
+    from edged.models.signing import TrustStore
+
+    with pytest.raises(PackageError) as exc:
+        TrustStore({}).verify(b"{}", sig, "offer")
+    assert exc.value.code == "bad_signature", str(exc.value)

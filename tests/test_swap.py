@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import onnx
 import pytest
 
 from edged.daemon.app import Daemon
@@ -47,8 +48,10 @@ def test_stop_the_world_swap_and_reload_of_the_old_model_when_the_new_one_fails(
         assert done["mode"] == "stop_the_world"
         wait_until(lambda: any(r["model"]["version"] == 2 for r in sub.results()), 30, "results from version 2")
         # a version that verifies but does not load: the old one is loaded again and keeps serving
-        garbage = tmp_path / "garbage.onnx"
-        garbage.write_bytes(b"not an onnx model" * 100)
+        garbage = tmp_path / "garbage.onnx"  # the same graph (and memory estimate), an operator nothing implements
+        model = onnx.load(str(demo.packages[MODEL].model_path))
+        model.graph.node[len(model.graph.node) // 2].op_type = "NoSuchOp"
+        onnx.save(model, str(garbage))
         _, stage = store.stage(build(demo, tmp_path, signer, 3, model=garbage), trust)
         assert stage is not None
         with pytest.raises(EngineLoadError):
