@@ -131,14 +131,9 @@ class Spool:
         self.reserve_releases = 0  # times the reserve file was given up on a full disk
         self._clock_base = 0.0
         self._clock_t0 = clock()
+        self._open = False  # False between closing a file and opening its replacement (see _ensure_open)
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._connect()
-        except sqlite3.Error as exc:
-            if not _corrupt(exc):
-                raise SpoolError(f"spool {path}: cannot open: {exc}") from exc
-            self._quarantine(str(exc))
-            self._connect_or_raise()
+        self._open_or_quarantine()
         self._hold_reserve()
         if self.rows:
             logger.info(
@@ -146,6 +141,29 @@ class Spool:
             )
 
     # --- the file ----------------------------------------------------------------------------------
+    def _open_or_quarantine(self) -> None:
+        """Open the file at `path`; a corrupt one is moved aside and a new one started."""
+        try:
+            self._connect()
+        except sqlite3.Error as exc:
+            if not _corrupt(exc):
+                raise SpoolError(f"spool {self.path}: cannot open: {exc}") from exc
+            self._quarantine(str(exc))
+            self._connect_or_raise()
+
+    def _ensure_open(self) -> None:
+        """A recovery that failed half-way (the corrupt file could not be moved aside, the new one could not
+        be created) left no open file: try again now. SpoolError until it works; the caller backs off."""
+        if not self._open:
+            try:
+                self._open_or_quarantine()
+            except OSError as exc:
+                raise SpoolError(f"spool {self.path}: cannot open: {exc}") from exc
+
+    def _close_db(self) -> None:
+        self._open = False
+        self.db.close()
+
     def _connect(self) -> None:
         """Open (or create) the file at `path`; reads its counts and clock, which also finds a corrupt file."""
         db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
@@ -174,6 +192,7 @@ class Spool:
             db.close()
             raise
         self.db = db
+        self._open = True
         self._ident = (st.st_dev, st.st_ino)
         # the clock goes on from the file's saved value, or from ours when this is a new file
         self._clock_base = max(float(saved[0]) if saved else 0.0, self.clock_s())
@@ -222,12 +241,13 @@ class Spool:
     def recover_corrupt(self, reason: str) -> None:
         """A read or write found the open file corrupt: quarantine it, start a new one; its rows are lost."""
         lost = self.rows
-        self.db.close()
+        self._close_db()
         self._quarantine(reason)
-        self._connect_or_raise()
         self.lost += lost
+        self.rows = self.bytes = 0
         self.recoveries[-1]["lost"] = lost
         logger.error("spool: %d messages were in the corrupt spool and are lost", lost)
+        self._connect_or_raise()  # on failure, the next call tries again (_ensure_open)
 
     def _check_file(self) -> None:
         """Our path must still name the file we write to. If it was deleted or replaced (rm -rf of the
@@ -264,7 +284,7 @@ class Spool:
                 f"spool {self.path} was {what} and cannot be re-created: {exc}; its {self.rows} messages are "
                 f"held in the deleted file until it can"
             ) from exc
-        self.db.close()
+        self._close_db()
         try:
             os.replace(tmp, self.path)
         except OSError as exc:
@@ -380,7 +400,7 @@ class Spool:
         return True
 
     def _rollback(self) -> None:
-        if self.db.in_transaction:
+        if self._open and self.db.in_transaction:
             try:
                 self.db.execute("ROLLBACK")
             except sqlite3.Error:
@@ -406,6 +426,7 @@ class Spool:
     def commit(self) -> None:
         """Write what was appended since the last commit, then enforce the bounds. SpoolError when the
         storage fails: what was appended stays in memory for the next try."""
+        self._ensure_open()
         self._check_file()
         if self._pending:
             now = self.clock_s()
@@ -472,6 +493,7 @@ class Spool:
 
     def after(self, last_id: int, limit: int) -> list[Row]:
         """Committed rows with id > last_id, oldest first."""
+        self._ensure_open()
         try:
             return [
                 Row(*r)
@@ -485,6 +507,7 @@ class Spool:
     def delete(self, ids: list[int]) -> None:
         if not ids:
             return
+        self._ensure_open()
 
         # A delete lost to a power cut only means the message is sent once more (at-least-once), so
         # deletes do not wait for the disk (WAL, synchronous=NORMAL: durable at the next checkpoint).
@@ -528,5 +551,6 @@ class Spool:
         except sqlite3.Error as exc:
             logger.warning("spool: the clock could not be saved at stop: %s", exc)
         finally:
-            self.db.close()
+            if self._open:
+                self._close_db()
         return lost

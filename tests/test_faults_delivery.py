@@ -26,7 +26,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from edged.daemon.app import Daemon, RunSummary
 from edged.daemon.config import load_config
-from edged.daemon.spool import Spool
+from edged.daemon.spool import Spool, SpoolError
 from edged.models.demo import DemoAssets
 
 from .conftest import REPO, Broker, Message, base_config, free_port, wait_until, write_config
@@ -154,6 +154,32 @@ def fill(fs: Path) -> bool:
             except OSError:
                 pass
     return True
+
+
+def test_a_recovery_that_fails_half_way_is_retried_until_it_works(tmp_path: Path) -> None:
+    """A corrupt spool whose replacement cannot be created (the filesystem is full) leaves no open file:
+    every later call says SpoolError (which the publisher retries with backoff), and once there is room
+    again the spool opens a new file and takes messages, instead of failing on a closed connection for
+    good."""
+    with tmpfs(tmp_path / "fs", "1m") as fs:
+        spool = Spool(fs / "spool.db", 2**20, 0)
+        spool.append("edged/t/results/a", b"before", 1)
+        spool.commit()
+        fill(fs)
+        with pytest.raises(SpoolError, match="cannot create a new spool file"):
+            spool.recover_corrupt("a read said the file is corrupt")
+        assert list(fs.glob("spool.db.corrupt-*"))  # moved aside: only the new file failed
+        spool.append("edged/t/results/a", b"after", 1)
+        for _ in range(3):  # still full: an error the caller can retry, never another kind
+            with pytest.raises(SpoolError):
+                spool.commit()
+            with pytest.raises(SpoolError):
+                spool.after(0, 10)
+        (fs / "filler").unlink()
+        spool.commit()
+        assert [r.payload for r in spool.after(0, 10)] == [b"after"]
+        assert spool.lost == 1
+        spool.close()
 
 
 def test_full_disk_keeps_the_publisher_alive_and_delivery_resumes(
