@@ -91,7 +91,7 @@ class MjpegSource:
         deadline = time.monotonic() + self._timeout_s
         while time.monotonic() < deadline:  # parts that are no image for this long: as good as a stall
             try:
-                data = self._next_part()
+                data = self._next_part(deadline)
             except (OSError, http.client.HTTPException, ValueError):  # timed out, reset, or malformed
                 return None
             if data is None:
@@ -107,22 +107,26 @@ class MjpegSource:
         self._resp.close()
         self._conn.close()
 
-    def _fill(self) -> bool:
+    def _fill(self, deadline: float) -> bool:
+        """More bytes; TimeoutError once `deadline` passes, so a server that streams bytes that never make
+        a part (no delimiter, endless headers) is a stall like one that sends nothing."""
+        if time.monotonic() > deadline:
+            raise TimeoutError("no complete part in time")
         chunk = self._resp.read1(1 << 16)
         self._buf += chunk
         return bool(chunk)
 
-    def _next_part(self) -> bytes | None:
+    def _next_part(self, deadline: float) -> bytes | None:
         """The body of the next part, or None at the end of the stream."""
         while (i := self._buf.find(self._delim)) < 0:
             del self._buf[: max(0, len(self._buf) - len(self._delim))]  # keep what may start a delimiter
-            if not self._fill():
+            if not self._fill(deadline):
                 return None
         del self._buf[: i + len(self._delim)]
         while (m := _HEADERS_END.search(self._buf)) is None:
             if len(self._buf) > MAX_HEADER_BYTES:
                 raise ValueError("part headers too long")
-            if not self._fill():
+            if not self._fill(deadline):
                 return None
         length = None
         for line in bytes(self._buf[: m.start()]).decode("latin-1").splitlines():
@@ -134,7 +138,7 @@ class MjpegSource:
             if not 0 < length <= MAX_PART_BYTES:
                 raise ValueError(f"part of {length} bytes")
             while len(self._buf) < length:
-                if not self._fill():
+                if not self._fill(deadline):
                     return None
             data = bytes(self._buf[:length])
             del self._buf[:length]
@@ -142,7 +146,7 @@ class MjpegSource:
         while (k := self._buf.find(self._delim)) < 0:  # no length given: the part ends at the next delimiter
             if len(self._buf) > MAX_PART_BYTES:
                 raise ValueError("part without an end")
-            if not self._fill():
+            if not self._fill(deadline):
                 return None
         data = bytes(self._buf[:k]).rstrip(b"\r\n")
         del self._buf[:k]

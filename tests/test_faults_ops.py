@@ -300,3 +300,38 @@ def test_a_pusher_whose_transfer_was_taken_over_takes_it_back_when_the_other_die
     assert time.monotonic() - t0 < 60
     wait_results(sub, 2)
     assert d.stop() == 0
+
+
+def test_an_mjpeg_stream_of_bytes_that_never_make_a_frame_is_a_stall() -> None:
+    """A camera that answers 200 multipart and then streams bytes without a part delimiter (a wedged
+    encoder, a proxy's garbage) gives no frame within the read's bound: the camera sees a stall and
+    reconnects, rather than reading forever."""
+    from edged.daemon.netcam import open_http
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: multipart/x-mixed-replace; boundary=frame\r\n\r\n")
+        with conn:
+            while not stop.is_set():
+                try:
+                    conn.sendall(b"\x00" * 1024)
+                except OSError:
+                    return
+                time.sleep(0.005)
+
+    threading.Thread(target=serve, daemon=True).start()
+    source = open_http(f"http://127.0.0.1:{port}/s.mjpg", 1.0)
+    assert source is not None
+    t0 = time.monotonic()
+    try:
+        assert source.read() is None
+        assert time.monotonic() - t0 < 3.0, "a read gives up within its bound"
+    finally:
+        stop.set()
+        source.close()
+        sock.close()
