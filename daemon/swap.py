@@ -425,8 +425,8 @@ class ModelManager:
 
     def close(self) -> None:
         self._jobs.shutdown(wait=True, cancel_futures=True)
-        if self.store is not None and self.probation is not None:
-            self.store.probation_run(self.package.manifest.name, None)  # a clean stop is not a crash
+        if self.store is not None:  # a clean stop is not a crash: the marker goes, whatever probation's state
+            self.store.probation_run(self.package.manifest.name, None)  # (a verdict whose rollback was refused)
 
     # ---- reporting -------------------------------------------------------------------------
     def rejected(self, ref: str | None, exc: EdgedError, transfer: str | None = None) -> None:

@@ -433,8 +433,8 @@ class Store:
         Starting while another run's id is still recorded means that run died: it counts as a crash.
         Returns the crashes counted so far."""
         state = self.state(name)
-        if state.pending is None:
-            return 0
+        if state.pending is None or (boot_id is None and state.probation_boot is None):
+            return state.probation_crashes if state.pending is not None else 0
         if boot_id is not None and state.probation_boot is not None:
             state.probation_crashes += 1
         state.probation_boot = boot_id

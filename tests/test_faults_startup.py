@@ -306,6 +306,30 @@ def test_a_probation_verdict_whose_previous_takes_another_input_rolls_back_and_r
     assert d.stop() == 0
 
 
+def test_a_probation_verdict_whose_rollback_is_refused_leaves_no_crash_behind_a_clean_stop(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    """Version 2 fails on real frames, but version 1's files are damaged on disk, so the rollback is refused
+    and version 2 keeps serving; a clean stop then clears the probation marker like any clean stop (it was no
+    crash, and the next start must not count one)."""
+    doc = device_doc(broker, demo, tmp_path, "cam-01")
+    cfg = write_config(tmp_path / "cam-01.yaml", doc)
+    install(cfg, build(demo, tmp_path, signer, 1))
+    broken = fails_on_real_frames(demo.packages[MODEL].model_path, tmp_path / "broken.onnx")
+    install(cfg, build(demo, tmp_path, signer, 2, model=broken))
+    v1 = tmp_path / "cam-01" / "models" / MODEL / "versions" / "1" / "model.onnx"
+    v1.chmod(0o644)
+    v1.write_bytes(v1.read_bytes()[:-1] + b"!")
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(cfg)
+    wait_until(
+        lambda: any(m.json()["type"] == "model_rollback_failed" for m in sub.on("events")), 60, "the refused rollback"
+    )
+    assert d.stop() == 0, d.output()
+    st = state_doc(tmp_path / "cam-01")
+    assert (st["pending"], st["probation_boot"], st["probation_crashes"]) == (2, None, 0), st
+
+
 # --- E: a corrupt current, an engine without compatibility, a corrupt state.json -------------------------
 
 
