@@ -670,6 +670,7 @@ class Daemon:
                     self.publisher.restart_network()
                 self.models.check_probation(now)
                 if now >= next_tel:
+                    self.lock.check()  # a state directory deleted while running: the lock is taken again
                     self.publisher.publish_json("telemetry", self.telemetry(), qos=0, retain=True)
                     notify(f"STATUS={self.status_line()}")
                     next_tel = now + self.cfg.telemetry.interval_s

@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -38,10 +39,21 @@ class StoppedBeforeStart(Exception):
 
 
 class StateLock:
-    """The exclusive lock on a state directory, held from before anything in it is touched until exit."""
+    """The exclusive lock on a state directory, held from before anything in it is touched until exit.
 
-    def __init__(self, state_dir: Path) -> None:
+    `wait_s`: how long to wait for a lock someone else holds (an `edged model` verb holds it for the moment it
+    takes to recover the store) before refusing."""
+
+    def __init__(self, state_dir: Path, wait_s: float = 0.0) -> None:
+        self.state_dir = state_dir
         self.path = state_dir / LOCK_FILE
+        self._fd: int | None = None
+        self._ident = (0, 0)
+        self._lost_said = False
+        self._take(wait_s)
+
+    def _take(self, wait_s: float) -> None:
+        state_dir = self.state_dir
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -50,27 +62,61 @@ class StateLock:
                 f"state_dir {state_dir}: cannot write the lock file {self.path}: {exc.strerror} "
                 "(edged needs a writable state directory)"
             ) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = _read_pid(fd)
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise StateDirError(
-                    f"state_dir {state_dir}: another edged (pid {holder or 'unknown'}) holds the lock {self.path}; "
-                    "one daemon per state directory (stop that one, or give this one its own state_dir)",
-                    code="locked",
-                ) from exc
-            raise StateDirError(f"state_dir {state_dir}: cannot lock {self.path}: {exc.strerror}") from exc
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                busy = exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+                if busy and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                holder = _read_pid(fd)
+                os.close(fd)
+                if busy:
+                    raise StateDirError(
+                        f"state_dir {state_dir}: another edged (pid {holder or 'unknown'}) holds the lock "
+                        f"{self.path}; one daemon per state directory (stop that one, or give this one its own "
+                        "state_dir)",
+                        code="locked",
+                    ) from exc
+                raise StateDirError(f"state_dir {state_dir}: cannot lock {self.path}: {exc.strerror}") from exc
         try:
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
+            st = os.fstat(fd)
         except OSError as exc:
             os.close(fd)
             raise StateDirError(
                 f"state_dir {state_dir}: cannot write the lock file {self.path}: {exc.strerror}"
             ) from exc
-        self._fd: int | None = fd
+        self._fd = fd
+        self._ident = (st.st_dev, st.st_ino)
+
+    def check(self) -> None:
+        """The lock must still be the file at `path`: a state directory deleted while running (rm -rf) takes
+        the lock file with it, and a second daemon could then start on the same directory. Take the lock
+        again on a new file (the spool re-creates its own file the same way)."""
+        if self._fd is None:
+            return
+        try:
+            st = os.stat(self.path)
+            if (st.st_dev, st.st_ino) == self._ident:
+                return
+        except OSError:
+            pass
+        old = self._fd
+        try:
+            self._take(0.0)
+        except StateDirError as exc:
+            if not self._lost_said:
+                logger.error("the state directory's lock file was removed and cannot be taken again: %s", exc)
+                self._lost_said = True
+            return
+        os.close(old)
+        self._lost_said = False
+        logger.warning("the state directory's lock file %s was removed while running; taken again", self.path)
 
     def release(self) -> None:
         """Unlock (the file stays: removing it would race with a daemon that has just opened it)."""

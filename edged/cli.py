@@ -412,7 +412,7 @@ def _run(args: argparse.Namespace) -> int:
     if signals.stop.is_set():
         print(f"edged: stopped by {signals.received} before the start", file=sys.stderr)
         return 0
-    lock = StateLock(cfg.state_dir)  # before anything touches the state directory
+    lock = StateLock(cfg.state_dir, wait_s=2.0)  # before anything touches the state directory
     try:
         daemon = Daemon(cfg, config_path=args.config, signals=signals, lock=lock)
     except StoppedBeforeStart:

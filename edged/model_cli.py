@@ -25,8 +25,8 @@ def _recover_unless_served(store: Store, state_dir: Path) -> None:
     try:
         lock = StateLock(state_dir)
     except StateDirError as exc:
-        if exc.code != "locked":
-            raise
+        if exc.code != "locked":  # a read-only look (`edged model list` as another user): nothing to recover
+            print(f"store: not recovered: {exc}", file=sys.stderr)
         return
     try:
         for line in store.recover():

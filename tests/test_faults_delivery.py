@@ -333,6 +333,11 @@ def test_state_dir_deleted_while_running_keeps_the_spool_and_says_so(
     wait_until(lambda: "was deleted while running; re-created it" in d.output(), 10, "the re-creation")
     n = len(spool_seqs(db))
     wait_until(lambda: len(spool_seqs(db)) >= n + 20, 30, "results after the deletion, in the new file")
+    # the lock file went with the directory: it is taken again, so a second daemon still cannot start here
+    wait_until(lambda: "lock file" in d.output() and "taken again" in d.output(), 10, "the lock taken again")
+    second = start_daemon(tmp_path / "c.yaml")
+    assert second.proc.wait(30) == 1, second.output()[-3000:]
+    assert f"another edged (pid {d.proc.pid}) holds the lock" in second.output()
     assert d.stop() == 0, d.output()[-3000:]
     out = d.output()
     kept, rows = spool_seqs(db), spool_rows(db)  # results, and results with events
