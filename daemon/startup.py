@@ -135,45 +135,84 @@ def _read_pid(fd: int) -> int | None:
 
 class Signals:
     """SIGTERM / SIGINT: stop at the next safe point, in any phase. SIGHUP: reload once ready; before that
-    it is remembered (and logged) and applied when the daemon becomes ready. Main thread only."""
+    it is remembered (and logged) and applied when the daemon becomes ready. `install()` from the main thread.
+
+    No work happens in signal context: Python runs a handler in the main thread between two bytecodes,
+    wherever that thread is, e.g. holding the lock inside `Event.wait()` or a logging handler's, and a
+    handler that sets the same event or logs would deadlock or raise there. So the handlers do nothing; the
+    C-level handler writes the signal's number to a pipe (`signal.set_wakeup_fd`), and a thread of ours reads
+    it and acts: sets the stop event, calls `on_stop`, reloads."""
 
     def __init__(self, stop: threading.Event | None = None) -> None:
         self.stop = stop or threading.Event()
         self.received: str | None = None  # the stop signal's name, once one came
+        self._lock = threading.Lock()
         self._on_stop: Callable[[], None] | None = None
         self._reload: Callable[[], None] | None = None
         self._reload_pending = False
+        self._installed = False
 
     def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._stop)
-        signal.signal(signal.SIGINT, self._stop)
-        signal.signal(signal.SIGHUP, self._hup)
+        if self._installed:
+            return
+        r, w = os.pipe()
+        os.set_blocking(w, False)  # a burst of signals must never block the C handler's write
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, _noop)
+        self._installed = True
+        threading.Thread(target=self._watch, args=(r,), name="signals", daemon=True).start()
+
+    def _watch(self, fd: int) -> None:
+        while True:
+            for signum in os.read(fd, 64):
+                self.handle(signum)
+
+    def handle(self, signum: int) -> None:
+        """What a signal means (on the signal thread; tests call it too)."""
+        if signum == signal.SIGHUP:
+            self._hup()
+        elif signum in (signal.SIGTERM, signal.SIGINT):
+            self._stop(signal.Signals(signum).name)
 
     def on_stop(self, fn: Callable[[], None]) -> None:
-        """Called (in the main thread) when a stop signal arrives, after the stop event is set."""
-        self._on_stop = fn
-        if self.stop.is_set():
+        """Called (on the signal thread) when a stop signal arrives, after the stop event is set; at once
+        when one already came."""
+        with self._lock:
+            self._on_stop = fn
+            stopped = self.stop.is_set()
+        if stopped:
             fn()
 
     def ready(self, reload: Callable[[], None]) -> None:
         """From now on SIGHUP calls `reload`; one that came during start-up is applied now."""
-        self._reload = reload
-        if self._reload_pending:
-            self._reload_pending = False
+        with self._lock:
+            self._reload = reload
+            pending, self._reload_pending = self._reload_pending, False
+        if pending:
             logger.info("applying the SIGHUP received during start-up: reloading the config")
             reload()
 
-    def _stop(self, signum: int, frame: FrameType | None) -> None:
-        self.received = signal.Signals(signum).name
-        logger.info("received %s: stopping", self.received)
-        self.stop.set()
-        if self._on_stop is not None:
-            self._on_stop()
+    def _stop(self, name: str) -> None:
+        self.received = name
+        logger.info("received %s: stopping", name)
+        with self._lock:
+            self.stop.set()
+            fn = self._on_stop
+        if fn is not None:
+            fn()
 
-    def _hup(self, signum: int, frame: FrameType | None) -> None:
-        if self._reload is not None:
-            self._reload()
-            return
-        if not self._reload_pending:
+    def _hup(self) -> None:
+        with self._lock:
+            reload = self._reload
+            first = not self._reload_pending
+            if reload is None:
+                self._reload_pending = True
+        if reload is not None:
+            reload()
+        elif first:
             logger.info("received SIGHUP while starting: the config is reloaded once the daemon is ready")
-        self._reload_pending = True
+
+
+def _noop(signum: int, frame: FrameType | None) -> None:
+    """The Python-level handler: nothing (the signal thread acts on the wakeup fd's byte)."""

@@ -162,6 +162,23 @@ def test_sighup_during_the_warm_up_is_applied_once_ready(
     assert d.stop() == 0
 
 
+def test_a_burst_of_signals_while_serving_reloads_and_stops_cleanly(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    """Signals act on a thread of their own, never inside whatever the main thread was doing (a handler that
+    logs or sets an event there can deadlock or raise): 300 SIGHUPs in a burst, then SIGTERM -> exit 0."""
+    cfg = write_config(tmp_path / "cam-01.yaml", device_doc(broker, demo, tmp_path, "cam-01"))
+    install(cfg, build(demo, tmp_path, signer, 1))
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(cfg)
+    wait_results(sub, 1)
+    for _ in range(300):
+        d.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "config reloaded from" in d.output(), 30, "a reload")
+    assert d.stop(timeout=30) == 0, d.output()[-3000:]
+    assert "Traceback" not in d.output(), d.output()[-3000:]
+
+
 # --- D: a rollback command that cannot be done leaves store and serving as they were ---------------------
 
 
