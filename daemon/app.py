@@ -118,7 +118,7 @@ class RunSummary:
     spooled: int = 0  # messages (results and events) written to the spool
     delivered: int = 0  # messages the broker acknowledged (PUBACK), deleted from the spool
     left_in_spool: int = 0  # messages in the spool file after stop, sent at the next start
-    lost: int = 0  # messages dropped: spool bounds, queue full, not writable, a corrupt spool
+    lost: int = 0  # messages dropped: spool bounds, queue full, oversized, not writable, a corrupt spool
     failure: str = ""  # set when a thread died and the daemon stopped for systemd to restart it
 
 
@@ -687,7 +687,7 @@ class Daemon:
             spooled=p.spooled,
             delivered=p.acked,
             left_in_spool=p.left_in_spool,
-            lost=p.spool.dropped + p.spool.dropped_unsaved + p.spool.lost + p.dropped_queue_full,
+            lost=p.spool.dropped + p.spool.dropped_unsaved + p.spool.lost + p.dropped_queue_full + p.oversized,
             failure=self.failure,
         )
 
@@ -715,7 +715,14 @@ class Daemon:
         self.spool.close()
         self.lock.release()
         logger.info("stopped cleanly before serving")
-        return RunSummary(0, 0, _memory_mb().get("peak_rss_mb", 0.0), time.monotonic() - self.started, self.stop_reason)
+        return RunSummary(
+            0,
+            0,
+            _memory_mb().get("peak_rss_mb", 0.0),
+            time.monotonic() - self.started,
+            self.stop_reason,
+            left_in_spool=self.spool.rows,  # from an earlier run: sent at the next start
+        )
 
     def _health(self, now: float, stall_s: float) -> tuple[bool, str]:
         """The watchdog's question: are the inference loop, the publisher and the MQTT network threads
