@@ -217,9 +217,11 @@ def test_junk_chunks_without_a_transfer_are_dropped_and_a_push_still_works(
     daemon's CONNECT names its Maximum Packet Size (the largest message it takes, an OTA offer here), so
     mosquitto drops them instead of sending them: none reaches the daemon (only the small marker chunk
     after each round is counted as dropped, no command is answered `too_large`), its RSS stays within a
-    few MB, it stays connected, and a real push right after still succeeds (its chunks fit)."""
+    few MB, it stays connected, and a real push right after still succeeds: its 1 MiB chunks (over the
+    576 KiB the defaults give) fit, as the size follows `ota.chunk_kb`."""
     doc = device_doc(broker, demo, tmp_path, "cam-01")
     doc["telemetry"] = {"interval_s": 1}
+    doc["ota"] = {"chunk_kb": 1024}
     cfg = write_config(tmp_path / "cam-01.yaml", doc)
     install(cfg, build(demo, tmp_path, signer, 1))
     sub = subscribe(broker, "edged/cam-01/+")  # status, telemetry: not the junk (this process holds what it gets)
@@ -260,7 +262,9 @@ def test_junk_chunks_without_a_transfer_are_dropped_and_a_push_still_works(
     assert max(seen) - before < 8, f"RSS {before:.0f} -> {seen[0]:.0f} -> {seen[1]:.0f} MB after the junk"
     assert tel["ota"]["queued_bytes"] == 0 and tel["ota"]["transfer"] is None
     assert d.output().count("ota: dropped") == 1  # logged once, throttled
-    r = push(broker, build(demo, tmp_path, signer, 2), "--device", "cam-01")
+    big = tmp_path / "padding.bin"
+    big.write_bytes(os.urandom(3 << 20))  # three whole 1 MiB chunks
+    r = push(broker, build(demo, tmp_path, signer, 2, files={"padding.bin": big}), "--device", "cam-01")
     assert r.returncode == 0, r.stdout + r.stderr + d.output()[-3000:]
     wait_results(results, 2)
     assert d.stop() == 0
