@@ -251,6 +251,10 @@ class Daemon:
             self.commands.register(
                 "ota", OfferArgs, lambda _: self._no_ota(why), idempotent=False, max_bytes=MAX_OFFER_BYTES
             )
+        # the broker drops anything bigger than the largest message we take (the MQTT Maximum Packet Size)
+        self.publisher.max_incoming_bytes = max(
+            self.commands.max_bytes(), self.ota.max_message_bytes if self.ota else 0
+        )
         self._last_tel = (time.monotonic(), 0, {c.name: 0 for c in self.cameras})
         self._last_status_fps = 0.0
         self.stop_reason = ""

@@ -146,6 +146,10 @@ class Commands:
         """`max_bytes`: this verb's payload cap (the model offer carries a manifest; the rest stay at 16 KiB)."""
         self.verbs[verb] = Verb(args, handler, idempotent, max_bytes)
 
+    def max_bytes(self) -> int:
+        """The largest payload any registered verb takes (what the broker may send us on cmd/+)."""
+        return max((v.max_bytes for v in self.verbs.values()), default=MAX_COMMAND_BYTES)
+
     def start(self) -> None:
         self._thread.start()
 

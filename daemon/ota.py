@@ -16,7 +16,12 @@ offsets, after checking the offer again). When every file is in, each is checked
 sha256, the package is staged through the store (the same checks as a local install) and handed to
 the model manager, which swaps it in on probation. States: accepted, downloading, verifying,
 installing, probation (success), unchanged (already current: a no-op), rejected (a check refused
-it), failed (the transfer could not complete).
+it), failed (the transfer could not complete), joined (the same package was offered again while
+it downloaded: the transfer carries on under the newer offer's id, named in `by`).
+
+A join (a second `edged push` of the package, or a pusher taking its transfer back) moves the
+requests in flight to the new id and asks them again at once, so the transfer does not stall for
+`retry_s`; chunks already accepted under the old id are still written.
 """
 
 from __future__ import annotations
@@ -99,6 +104,7 @@ class Transfer:
     def __init__(self, folder: Path, transfer: str, offer: Offer) -> None:
         self.folder = folder
         self.id = transfer
+        self.former: set[str] = set()  # ids this transfer ran under before a newer offer joined it
         self.offer = offer
         self.progress: dict[str, int] = {}
         p = folder / "progress.json"
@@ -160,6 +166,11 @@ class OtaReceiver:
         self._dropped_logged = (0.0, 0)  # (monotonic time, dropped_chunks) of the last log line
         self.completed = 0
 
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest legitimate message on ota/data: a whole chunk and the longest header its framing allows."""
+        return self.cfg.chunk_kb * 1024 + 2 + 0xFFFF
+
     # ---- the offer (command thread) --------------------------------------------------------
     def offer(self, args: OfferArgs) -> dict[str, Any]:
         try:
@@ -182,9 +193,12 @@ class OtaReceiver:
         with self._lock:
             cur = self._current
             if cur is not None and self._thread is not None and self._thread.is_alive():
-                if cur.folder.name == key:  # the same package offered again (a new push): carry on
-                    cur.id = args.transfer
-                    return self._accepted(cur)
+                if cur.folder.name == key:  # the same package offered again (a new push): carry on under its id
+                    old = cur.id
+                    if old == args.transfer:
+                        return self._accepted(cur)
+                    self._join(cur, args)
+                    return {**self._accepted(cur), "joined": old}
                 raise CommandError("busy", f"a transfer of {cur.offer.manifest.name}@{cur.offer.manifest.version} runs")
             folder = self.root / key
             for other in self.root.glob("*") if self.root.is_dir() else []:
@@ -196,6 +210,26 @@ class OtaReceiver:
             t = Transfer(folder, args.transfer, offer)
             self._start(t)
             return self._accepted(t)
+
+    def _join(self, t: Transfer, args: OfferArgs) -> None:
+        """Carry on with the running transfer `t` under the newer offer's id: say so on the old id's status,
+        and ask the requests in flight again under the new id (its pusher serves only its own id; answers
+        under the old one are dropped on arrival, and waiting for them would cost `retry_s`)."""
+        with self._want_lock:  # against _ask: a request is in _wanted under the id it is published with
+            old, t.id = t.id, args.transfer
+            t.former.add(old)
+            moved = [(f, off, n) for (tr, f, off), n in self._wanted.items() if tr == old]
+            for f, off, n in moved:
+                del self._wanted[(old, f, off)]
+                self._wanted[(t.id, f, off)] = n
+        record = {"transfer": args.transfer, "manifest": args.manifest, "sig": args.sig}
+        write_atomic(t.folder / "offer.json", json.dumps(record).encode())  # a restart resumes under the new id
+        m = t.offer.manifest
+        logger.info("ota: transfer %s of %s@%d joined by %s (a new offer of it)", old, m.name, m.version, t.id)
+        self.status(old, "joined", model=(m.name, m.version), done=t.have, total=t.total, by=t.id)
+        for f, off, n in moved:
+            doc = {"transfer": t.id, "file": f, "offset": off, "length": n}
+            self._publish(self._topic("ota/req"), json.dumps(doc).encode(), 0, False)
 
     def _accepted(self, t: Transfer) -> dict[str, Any]:
         m = t.offer.manifest
@@ -388,7 +422,8 @@ class OtaReceiver:
                         self._forget()
                         next_off = done
                     continue
-                if c.transfer != t.id or c.file != name or c.offset != done or c.offset not in asked:
+                ours = c.transfer == t.id or c.transfer in t.former  # accepted before a newer offer joined
+                if not ours or c.file != name or c.offset != done or c.offset not in asked:
                     continue  # a duplicate, a stale answer, another transfer's chunk
                 if len(c.data) != asked[c.offset] or c.offset + len(c.data) > size:
                     asked.clear()  # the wrong length (on_data counted it): ask again from here
@@ -413,8 +448,8 @@ class OtaReceiver:
             os.close(fd)
 
     def _ask(self, t: Transfer, name: str, offset: int, length: int) -> None:
-        doc = {"transfer": t.id, "file": name, "offset": offset, "length": length}
-        with self._want_lock:
+        with self._want_lock:  # the id read under the lock: a join moves what is in _wanted and asks it again
+            doc = {"transfer": t.id, "file": name, "offset": offset, "length": length}
             self._wanted[(t.id, name, offset)] = length
         self._publish(self._topic("ota/req"), json.dumps(doc).encode(), 0, False)
 
@@ -427,6 +462,7 @@ class OtaReceiver:
         total: int | None = None,
         error: EdgedError | None = None,
         detail: dict[str, Any] | None = None,
+        by: str | None = None,
     ) -> None:
         doc: dict[str, Any] = {"schema": OTA_SCHEMA, "transfer": transfer, "state": state, "ts": time.time()}
         if model is not None:
@@ -437,4 +473,6 @@ class OtaReceiver:
             doc["error"] = {"code": error.code, "message": str(error)[:500]}
         if detail:
             doc["detail"] = detail
+        if by is not None:
+            doc["by"] = by  # joined: the transfer id it carries on under
         self._publish(self._topic("ota/status"), json.dumps(doc).encode(), 1, True)

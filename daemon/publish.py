@@ -15,6 +15,9 @@
   so the broker keeps our command subscription and paho resends unacknowledged messages after a
   reconnect.
 - `status` is retained, with an `offline` last will; `stopped` is published on a clean stop.
+- The CONNECT carries a Maximum Packet Size (`max_incoming_bytes`, the largest payload the daemon
+  takes, plus `PACKET_HEADROOM`), so a conforming broker (mosquitto 2) drops anything bigger before
+  it is sent: junk on our topics never reaches paho, which reads every packet whole into memory.
 - A PUBACK with a failure reason code (0x87 Not authorized from an ACL, say) is a refusal, not a
   delivery: the row stays in the spool, the topic is held and retried with backoff (1 s doubling to
   60 s, jittered), counted in `refused` and logged once per topic and reason.
@@ -59,6 +62,7 @@ MAX_PAYLOAD_BYTES = 256 * 1024
 MessageHandler = Callable[[mqtt.MQTTMessage], None]
 EventHandler = Callable[[dict[str, Any]], None]
 MAX_BACKOFF_S = 60.0
+PACKET_HEADROOM = 64 * 1024  # an incoming packet's fixed header, topic and properties around its payload
 
 
 @dataclass
@@ -165,6 +169,9 @@ class Publisher:
         self._on_command = on_command
         self._on_event = on_event
         self._routes: dict[str, MessageHandler] = {}  # full topic -> handler, for topics other than cmd/+
+        # the largest payload we take (commands, OTA chunks; set by the wiring before start()): sent to the
+        # broker as our Maximum Packet Size, with PACKET_HEADROOM, so it never sends us a bigger one
+        self.max_incoming_bytes: int | None = None
         self._retained: dict[str, bytes] = {}  # suffix -> payload, published again at every connect
         self.since = iso(time.time())
         self._q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=queue_size)
@@ -306,6 +313,8 @@ class Publisher:
         socket_open = had_connack = False
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = self.cfg.session_expiry_s
+        if self.max_incoming_bytes is not None:
+            props.MaximumPacketSize = self.max_incoming_bytes + PACKET_HEADROOM
         while not self._net_stop.is_set():
             self.last_net_progress = time.monotonic()
             if not socket_open:

@@ -6,11 +6,13 @@ retained ``…/model/state`` until every device has an outcome. Nothing but the 
 
 A device downloads one package at a time. When another pusher offers the same package while a
 transfer runs, the device carries on with the bytes it has under the newer offer's transfer id (so a
-push that was stopped can be resumed by a new one). The pusher whose transfer was taken over sees the
-device's live ``…/ota/status`` name another transfer of its very package: it follows that transfer to
-its outcome (``via transfer …`` in its report) instead of waiting its whole timeout for statuses of its
-own; and should that transfer go quiet while downloading (its pusher gone), it offers again and so
-takes the transfer back and serves it itself. Another package offered meanwhile is refused (``busy``).
+push that was stopped can be resumed by a new one), publishes ``joined`` (``by`` the new id) on the old
+id's ``…/ota/status`` and names the old id in its reply to the new offer (``joined``). The pusher whose
+transfer was taken over follows the transfer named in ``by`` to its outcome (``via transfer …`` in its
+report) instead of waiting its whole timeout for statuses of its own; a device too old to say
+``joined`` is recognised by its live status naming another transfer of this very package. Should the
+followed transfer go quiet while downloading (its pusher gone), the pusher offers again and so takes
+the transfer back and serves it itself. Another package offered meanwhile is refused (``busy``).
 
 A group (``--group G``) is the devices whose retained ``…/status`` lists G among its groups; offline
 ones are reported and skipped. ``--canary N`` pushes to N devices first and waits until they commit
@@ -65,6 +67,7 @@ class Device:
     active: bool = False  # in the wave being pushed now
     offered_at: float | None = None  # when our offer went out (monotonic)
     via: str = ""  # another transfer of this same package that the device runs in place of ours
+    took_over: str = ""  # the transfer the device was running when our offer joined it (its reply says)
     heard_at: float = field(default_factory=time.monotonic)  # the device's last status for our transfer
 
     def finish(self, state: str, error: str = "") -> None:
@@ -245,7 +248,11 @@ class Pusher:
         if suffix == "ota/req":
             self._serve(d, doc)
         elif suffix == "ota/status":
-            if doc.get("transfer") == self.transfer or self._taken_over(d, doc, bool(msg.retain)):
+            if doc.get("state") == "joined":
+                self._on_joined(d, doc)
+            elif doc.get("transfer") in (self.transfer, d.via or self.transfer) or self._taken_over(
+                d, doc, bool(msg.retain)
+            ):
                 self._on_status(d, doc)
         elif suffix == "model/state":
             self._on_model_state(d, doc)
@@ -261,8 +268,10 @@ class Pusher:
             elif (doc.get("result") or {}).get("state") == "unchanged":
                 d.bytes = 0
                 d.finish("unchanged", "already current")
-            elif d.state == "offered":
-                d.state = "accepted"
+            else:
+                d.took_over = str((doc.get("result") or {}).get("joined") or "")
+                if d.state == "offered":
+                    d.state = "accepted"
 
     def _serve(self, d: Device, doc: dict[str, Any]) -> None:
         if doc.get("transfer") != self.transfer:
@@ -278,8 +287,18 @@ class Pusher:
         self.client.publish(f"{self.prefix}/{d.id}/ota/data", pack_chunk(header, data), qos=0)
         d.served += len(data)
 
+    def _on_joined(self, d: Device, doc: dict[str, Any]) -> None:
+        """The device says a transfer was joined by a newer offer of the package: when it is ours (or the one
+        we follow), follow the newer one. Another transfer joined to ours needs nothing: ours runs on."""
+        by, joined = str(doc.get("by") or ""), doc.get("transfer")
+        with self._lock:
+            if by and by != self.transfer and d.ended is None and joined in (self.transfer, d.via or self.transfer):
+                d.via = by
+                d.heard_at = time.monotonic()
+
     def _taken_over(self, d: Device, doc: dict[str, Any], retained: bool) -> bool:
-        """Whether this status is of another transfer that the device runs in place of ours: a live
+        """For a device too old to publish `joined`: whether this status is of another transfer that the
+        device runs in place of ours: a live
         (not retained) status, after our offer, of another transfer id for this very package. The
         device joins an offer of the package it is downloading to the running transfer, under the
         newer offer's id; a different package would have been refused as busy."""
@@ -419,6 +438,8 @@ def report(pusher: Pusher, wait: Wait, seconds: float, out: TextIO) -> int:
         took = f"{d.ended - d.started:6.1f} s" if d.ended else "      -"
         mark = "ok  " if d.ok(wait) else "FAIL"
         via = f"via transfer {d.via} (another push of this package, which the device joined ours to) " if d.via else ""
+        if d.took_over and not d.via:
+            via = f"took over transfer {d.took_over} (another push of this package, already running) "
         print(f"  {mark} {d.id:<20} {d.state:<11} {took}  {via}{d.error}".rstrip(), file=out)
     served = sum(d.served for d in devs)
     if served and seconds > 0:

@@ -23,7 +23,7 @@ from edged.models.signing import SigningKey
 
 from .conftest import Broker, base_config, free_port, wait_until, write_config
 from .test_capture import Consumer, mjpeg_server
-from .test_ota import build, device_doc, install, start_push, wait_results
+from .test_ota import MODEL, build, device_doc, install, start_push, wait_results
 
 SPEC = InputSpec(name="x", shape=[1, 64, 64, 3], layout="NHWC")
 
@@ -269,11 +269,61 @@ def test_two_pushes_of_one_package_at_once_both_end_promptly_and_truthfully(
     assert d.stop() == 0
 
 
+def transfer_id(p: Any) -> str:
+    """The transfer id from a running `edged push`'s first line: ``push: … (… MiB, transfer ID) via …``."""
+    assert p.stdout is not None
+    return str(p.stdout.readline().split("transfer ")[1].split(")")[0])
+
+
+def test_a_second_push_joins_the_transfer_without_a_stall_and_says_so(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    """When a second push of the package joins the running transfer, the device asks the chunks in flight
+    again under the new id at once (before, they were dropped on arrival and the transfer stalled for
+    `ota.retry_s`, 30 s here), publishes `joined` (`by` the new id) on the old transfer's status, and
+    names the old id in its reply: each pusher's report says which transfer it followed or took over."""
+    doc = device_doc(broker, demo, tmp_path, "cam-01")
+    doc["ota"] = {"chunk_kb": 4, "window": 1, "retry_s": 30}  # a stall would cost 30 s
+    cfg = write_config(tmp_path / "cam-01.yaml", doc)
+    install(cfg, build(demo, tmp_path, signer, 1))
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(cfg)
+    wait_results(sub, 1)
+    v2 = build(demo, tmp_path, signer, 2, files={"padding.bin": padding(tmp_path / "padding.bin", 8 << 20)})
+    first = start_push(broker, v2, "--device", "cam-01", "--timeout", "60")
+    ours = transfer_id(first)
+    wait_until(lambda: any(m.json().get("state") == "downloading" for m in sub.on("ota/status")), 30, "a download")
+    t0 = time.monotonic()
+    second = start_push(broker, v2, "--device", "cam-01", "--timeout", "60")
+    theirs = transfer_id(second)
+    outs = {}
+    for name, p in (("first", first), ("second", second)):
+        out, _ = p.communicate(timeout=90)
+        outs[name] = (p.returncode, out, time.monotonic() - t0)
+        print(
+            f"\n{name} ({ours if name == 'first' else theirs}): exit {p.returncode} after {outs[name][2]:.1f} s:\n{out}"
+        )
+    for rc, out, took in outs.values():
+        assert rc == 0 and "1 of 1 device(s) succeeded" in out, out
+        assert took < 20, f"a pusher ended {took:.0f} s after the join: the transfer stalled (ota.retry_s is 30 s)"
+    statuses = [m.json() for m in sub.on("ota/status")]
+    joined = [s for s in statuses if s.get("state") == "joined"]
+    assert [(s["transfer"], s["by"]) for s in joined] == [(ours, theirs)], joined
+    assert joined[0]["model"] == {"name": MODEL, "version": 2} and 0 < joined[0]["bytes"] < joined[0]["total"]
+    assert f"via transfer {theirs}" in outs["first"][1]
+    assert f"took over transfer {ours}" in outs["second"][1]
+    wait_results(sub, 2)
+    assert d.stop() == 0
+
+
 def test_a_pusher_whose_transfer_was_taken_over_takes_it_back_when_the_other_dies(
     demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
 ) -> None:
+    """The pusher that took the transfer over is killed: the first one hears nothing for 10 s, offers
+    again, and the device joins the transfer back to it, asking the chunk in flight again at once (with
+    `ota.retry_s` at 30 s, a stall would show)."""
     doc = device_doc(broker, demo, tmp_path, "cam-01")
-    doc["ota"] = {"chunk_kb": 4, "window": 1, "retry_s": 2}
+    doc["ota"] = {"chunk_kb": 4, "window": 1, "retry_s": 30}
     cfg = write_config(tmp_path / "cam-01.yaml", doc)
     install(cfg, build(demo, tmp_path, signer, 1))
     sub = subscribe(broker, "edged/cam-01/#")
@@ -281,10 +331,10 @@ def test_a_pusher_whose_transfer_was_taken_over_takes_it_back_when_the_other_die
     wait_results(sub, 1)
     v2 = build(demo, tmp_path, signer, 2, files={"padding.bin": padding(tmp_path / "padding.bin", 8 << 20)})
     first = start_push(broker, v2, "--device", "cam-01", "--timeout", "90")
+    ours = transfer_id(first)
     wait_until(lambda: any(m.json().get("state") == "downloading" for m in sub.on("ota/status")), 30, "a download")
     second = start_push(broker, v2, "--device", "cam-01", "--timeout", "90")
-    assert second.stdout is not None
-    theirs = second.stdout.readline().split("transfer ")[1].split(")")[0]
+    theirs = transfer_id(second)
 
     def statuses_of(transfer: str) -> list[dict[str, Any]]:
         return [m.json() for m in sub.on("ota/status") if m.json().get("transfer") == transfer]
@@ -292,12 +342,15 @@ def test_a_pusher_whose_transfer_was_taken_over_takes_it_back_when_the_other_die
     wait_until(lambda: any(s["state"] == "downloading" for s in statuses_of(theirs)), 30, "the second's transfer")
     second.kill()  # a real SIGKILL: nobody serves the transfer the device now runs
     second.wait()
+    assert second.stdout is not None
     second.stdout.close()
     t0 = time.monotonic()
     out, _ = first.communicate(timeout=120)
     print(f"\nthe first pusher ended {time.monotonic() - t0:.1f} s after the second died:\n{out}")
     assert first.returncode == 0 and "1 of 1 device(s) succeeded" in out, out
-    assert time.monotonic() - t0 < 60
+    assert time.monotonic() - t0 < 30  # 10 s of silence, then the rest at once (a stall is 30 s more)
+    joined = [(s["transfer"], s["by"]) for s in (m.json() for m in sub.on("ota/status")) if s["state"] == "joined"]
+    assert joined == [(ours, theirs), (theirs, ours)], joined
     wait_results(sub, 2)
     assert d.stop() == 0
 
