@@ -84,10 +84,32 @@ def _chunk_header(payload: bytes | bytearray) -> tuple[dict[str, Any], int]:
     if len(payload) < 2:
         raise ValueError("short chunk")
     (n,) = struct.unpack(">H", payload[:2])
-    header = json.loads(payload[2 : 2 + n])
+    try:
+        header = json.loads(payload[2 : 2 + n], parse_constant=_not_a_number)
+    except RecursionError as exc:  # a 64 KiB header can nest deeper than the parser's stack
+        raise ValueError("chunk header nested too deep") from exc
     if not isinstance(header, dict):
         raise ValueError("chunk header is not an object")
     return header, 2 + n
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} in a chunk header")
+
+
+def chunk_key(payload: bytes | bytearray) -> tuple[tuple[str, str, int], int]:
+    """(transfer, file, offset) of a chunk and where its data starts; ValueError for anything else (a
+    hostile peer's header: not JSON, not an object, fields missing, an offset that is no whole number)."""
+    header, start = _chunk_header(payload)
+    try:
+        transfer, name, offset = header["transfer"], header["file"], header["offset"]
+    except KeyError as exc:
+        raise ValueError(f"chunk header without {exc}") from exc
+    if not isinstance(transfer, str) or not isinstance(name, str):
+        raise ValueError("chunk header: transfer and file must be strings")
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise ValueError(f"chunk header: offset {offset!r} is not a byte offset")
+    return (transfer, name, offset), start
 
 
 @dataclass
@@ -277,9 +299,8 @@ class OtaReceiver:
     def on_data(self, msg: MQTTMessage) -> None:
         payload = msg.payload
         try:
-            header, start = _chunk_header(payload)
-            key = (str(header["transfer"]), str(header["file"]), int(header["offset"]))
-        except (ValueError, KeyError, TypeError):
+            key, start = chunk_key(payload)
+        except (ValueError, struct.error):
             self._drop(len(payload), "malformed")
             return
         size = len(payload) - start

@@ -424,3 +424,37 @@ def test_a_deeply_nested_signature_in_an_ota_offer_is_a_bad_signature(
     n = len(sub.results())
     wait_until(lambda: len(sub.results()) > n + 3, 20, "version 1 still serving")
     assert d.stop() == 0
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b'{"transfer": "t", "file": "model.onnx", "offset": Infinity}',
+        b'{"transfer": "t", "file": "model.onnx", "offset": NaN}',
+        b'{"transfer": "t", "file": "model.onnx", "offset": 1e400}',
+        b'{"transfer": "t", "file": "model.onnx", "offset": true}',
+        b'{"transfer": "t", "file": "model.onnx", "offset": -1}',
+        b'{"transfer": ["t"], "file": "model.onnx", "offset": 0}',
+        b'{"transfer": "t", "file": "model.onnx"}',
+        b"[" * 30000 + b"]" * 30000,
+        b"\xff\xfe",
+    ],
+    ids=["infinity", "nan", "huge", "bool", "negative", "list", "no-offset", "deep", "not-utf8"],
+)
+def test_a_hostile_chunk_header_is_malformed_never_another_error(header: bytes) -> None:
+    """Every header a hostile peer can send on ota/data is a ValueError (dropped and counted as malformed on
+    the network thread), never an OverflowError or RecursionError that escapes to paho's callback."""
+    import struct
+
+    from edged.daemon.ota import chunk_key
+
+    with pytest.raises(ValueError):
+        chunk_key(struct.pack(">H", len(header)) + header + b"data")
+
+
+def test_a_well_formed_chunk_header_gives_its_key() -> None:
+    from edged.daemon.ota import chunk_key, pack_chunk
+
+    payload = pack_chunk({"transfer": "t1", "file": "model.onnx", "offset": 4096}, b"abc")
+    key, start = chunk_key(payload)
+    assert key == ("t1", "model.onnx", 4096) and payload[start:] == b"abc"
