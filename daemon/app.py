@@ -116,7 +116,7 @@ class RunSummary:
     seconds: float
     stop_reason: str = ""  # set when the governor stopped the daemon (hard memory limit, critical heat)
     spooled: int = 0  # messages (results and events) written to the spool
-    delivered: int = 0  # messages the broker acknowledged (PUBACK), deleted from the spool
+    delivered: int = 0  # messages the broker acknowledged (PUBACK), or sent at QoS 0; deleted from the spool
     left_in_spool: int = 0  # messages in the spool file after stop, sent at the next start
     lost: int = 0  # messages dropped: spool bounds, queue full, oversized, not writable, a corrupt spool
     failure: str = ""  # set when a thread died and the daemon stopped for systemd to restart it
@@ -689,7 +689,7 @@ class Daemon:
             time.monotonic() - self.started,
             self.stop_reason,
             spooled=p.spooled,
-            delivered=p.acked,
+            delivered=p.acked + p.sent_qos0,
             left_in_spool=p.left_in_spool,
             lost=p.spool.dropped + p.spool.dropped_unsaved + p.spool.lost + p.dropped_queue_full + p.oversized,
             failure=self.failure,

@@ -182,6 +182,7 @@ class Publisher:
         self.spooled = 0
         self.published = 0
         self.acked = 0
+        self.sent_qos0 = 0  # QoS 0 rows sent (deleted on send: no PUBACK comes)
         self.dropped_queue_full = 0
         self.oversized = 0
         self.connected = False
@@ -520,6 +521,7 @@ class Publisher:
                     self._inflight[info.mid] = (row.id, row.topic)
                 else:
                     self.spool.delete([row.id])
+                    self.sent_qos0 += 1  # QoS 0: handed to the socket is all the delivery there is
                 self._last_sent = row.id
                 self.published += 1
             if not rows:
@@ -667,7 +669,9 @@ class Publisher:
         self._thread.join(timeout_s)
         deadline = time.monotonic() + timeout_s
         try:
-            while self.connected and self.spool.rows and time.monotonic() < deadline:
+            # wait for what is in flight and what can still be sent; rows of topics the broker refuses
+            # (held) wait for the next start, not for this timeout
+            while self.connected and (self._inflight or self._maybe_unsent) and time.monotonic() < deadline:
                 self._deliver()
                 time.sleep(0.02)
             self._deliver()

@@ -320,6 +320,27 @@ def test_refused_publishes_stay_in_the_spool_and_go_once_the_acl_allows(
         broker.stop()
 
 
+def test_a_stop_does_not_wait_for_refused_topics(start_daemon, demo: DemoAssets, tmp_path: Path) -> None:
+    """Rows the broker refuses stay for the next start; a stop waits for what is in flight, not for them
+    (it used to spend its whole 5 s delivery timeout on every stop while an ACL refused the device)."""
+    acl = tmp_path / "edged.acl"
+    acl.write_text((REPO / "systemd" / "mosquitto" / "edged.acl").read_text())
+    broker = Broker(tmp_path, extra=f"allow_anonymous true\nacl_file {acl}")
+    broker.start()
+    try:
+        doc = base_config(broker, demo, tmp_path, cams(10), mqtt={"host": broker.host, "port": broker.port,
+                                                                   "username": "cam-07"})  # fmt: skip
+        d = start_daemon(write_config(tmp_path / "c.yaml", doc))
+        wait_until(lambda: "Not authorized (0x87)" in d.output(), 60, "the refusal in the log")
+        t0 = time.monotonic()
+        assert d.stop() == 0, d.output()[-3000:]
+        took = time.monotonic() - t0
+        assert took < 4.0, f"the stop took {took:.1f} s"
+        assert spool_rows(tmp_path / "state" / "spool.db") > 0  # kept for the next start
+    finally:
+        broker.stop()
+
+
 # --- finding 3: the state directory deleted while running -----------------------------------------
 def test_state_dir_deleted_while_running_keeps_the_spool_and_says_so(
     start_daemon, demo: DemoAssets, tmp_path: Path
@@ -456,3 +477,16 @@ def test_watchdog_sees_a_stuck_publisher_and_a_dead_one_stops_the_daemon(
     finally:
         daemon.request_stop()
         t.join(30)
+
+
+def test_the_run_summary_counts_qos_0_results_as_delivered(
+    broker: Broker, start_daemon, demo: DemoAssets, tmp_path: Path
+) -> None:
+    doc = base_config(broker, demo, tmp_path, cams(20), mqtt={"host": broker.host, "port": broker.port, "qos": 0})
+    d = start_daemon(write_config(tmp_path / "c.yaml", doc), "--duration", "3")
+    assert d.proc.wait(60) == 0, d.output()[-3000:]
+    summary = next(ln for ln in d.output().splitlines() if ln.startswith("edged: ") and "results in" in ln)
+    m = re.search(r"edged: (\d+) results .* (\d+) messages spooled, (\d+) delivered, (\d+) left in the spool", summary)
+    assert m, summary
+    results, spooled, delivered, left = (int(g) for g in m.groups())
+    assert results > 10 and delivered + left == spooled and delivered >= results, summary
