@@ -5,12 +5,14 @@ backend consumer over TLS; and what the ACL refuses."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import pwd
 import shutil
 import signal
+import ssl
 import stat
 import subprocess
 import tempfile
@@ -35,24 +37,26 @@ from tests.test_tls import client
 SHIPPED = REPO / "systemd" / "mosquitto"
 
 
+def make_site(devices: tuple[str, ...] = ("cam-01", "cam-02", "backend")) -> Path:
+    """A site folder the `mosquitto` user can traverse (pytest's own temporary folders are 0700), with
+    the PKI a user makes with `edged certs`: the CA and its empty CRL, the broker's, the clients'."""
+    d = Path(tempfile.mkdtemp(prefix="edged-site-"))
+    d.chmod(0o755)
+    for args in (["ca"], ["server", "localhost", "127.0.0.1"], *(["device", dev] for dev in devices)):
+        r = edged_cli("certs", *args, "--dir", str(d / "certs"))
+        assert r.returncode == 0, r.stderr
+    return d
+
+
 @pytest.fixture(scope="module")
 def site() -> Iterator[Path]:
-    """A site folder the `mosquitto` user can traverse (pytest's own temporary folders are 0700), with
-    the PKI a user makes with `edged certs`: CA (and its empty CRL), broker, two devices, the backend."""
     if os.geteuid() != 0:
         pytest.skip("needs root: mosquitto started as root drops to the mosquitto user, as on a site")
     try:
         pwd.getpwnam("mosquitto")
     except KeyError:
         pytest.skip("no `mosquitto` user here (the Debian/Ubuntu package makes it)")
-    d = Path(tempfile.mkdtemp(prefix="edged-site-"))
-    d.chmod(0o755)
-    pki = d / "certs"
-    for args in (["ca"], ["server", "localhost", "127.0.0.1"], ["device", "cam-01"], ["device", "cam-02"]):
-        r = edged_cli("certs", *args, "--dir", str(pki))
-        assert r.returncode == 0, r.stderr
-    r = edged_cli("certs", "device", "backend", "--dir", str(pki))
-    assert r.returncode == 0, r.stderr
+    d = make_site()
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -261,6 +265,34 @@ def test_the_shipped_acl_confines_each_device(shipped: SiteBroker, connect) -> N
     assert [m.payload for m in seen if m.topic == "edged/cam-01/results/lobby"] == [b'{"mine": true}']
     assert "edged/cam-01/cmd/ota" not in topics(seen)
     assert topics(got2) == ["edged/cam-02/cmd/status"], "cam-02 must read neither cam-01's topics nor commands"
+
+
+def test_a_crl_past_its_next_update_refuses_everyone_until_renewed(site: Path, tmp_path: Path) -> None:
+    own = make_site(("backend",))  # its own CA: the module's site keeps its good CRL
+    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=2)
+    certs.write_crl(own / "certs", days=1, valid_from=past)
+    (tmp_path / "broker").mkdir()
+    b = SiteBroker(tmp_path / "broker", own)
+    b.start()
+    try:
+        with contextlib.suppress(ssl.SSLError, OSError):  # TLS 1.2 fails in connect(), 1.3 right after
+            c, _ = client(own / "certs", "backend", b.port)
+            wait_until(lambda: "certificate verify failed" in b.log.read_text(), 10, "the broker to refuse us")
+            assert not c.is_connected()
+            c.disconnect()
+            c.loop_stop()
+        assert "certificate verify failed" in b.log.read_text()
+        assert edged_cli("certs", "crl", "--dir", str(own / "certs")).returncode == 0
+        assert b.proc is not None
+        b.proc.send_signal(signal.SIGHUP)  # mosquitto reads its CRL again (as the mosquitto user)
+        wait_until(lambda: "Reloading config" in b.log.read_text(), 10, "mosquitto to reload")
+        c, _ = client(own / "certs", "backend", b.port)
+        wait_until(c.is_connected, 10, "the client accepted under the renewed CRL")
+        c.disconnect()
+        c.loop_stop()
+    finally:
+        b.stop()
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def test_certs_status_warns_before_a_crl_or_certificate_ends(tmp_path: Path) -> None:
