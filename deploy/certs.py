@@ -269,9 +269,14 @@ def status(folder: Path) -> list[Expiry]:
             cert = x509.load_pem_x509_certificate(path.read_bytes())
         except ValueError as exc:
             raise CertError(f"{path}: not a PEM certificate: {exc}") from exc
-        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-        cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
-        what = "server" if ExtendedKeyUsageOID.SERVER_AUTH in usage else f"client {cn!s}"
+        try:  # ours always carry both; a certificate made elsewhere and dropped here may not
+            server = (
+                ExtendedKeyUsageOID.SERVER_AUTH in cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+            )
+        except x509.ExtensionNotFound:
+            server = False
+        cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        what = "server" if server else f"client {cns[0].value!s}" if cns else f"certificate {path.stem}"
         revoked = crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None
         found.append(Expiry(path, what, cert.not_valid_after_utc, revoked))
     return found

@@ -323,3 +323,21 @@ def test_certs_status_warns_before_a_crl_or_certificate_ends(tmp_path: Path) -> 
     (pki / "crl.pem").unlink()
     r = edged_cli("certs", "status", "--dir", str(pki))
     assert r.returncode == 1 and "crl.pem is missing" in r.stderr, r.stderr
+
+
+def test_certs_refuses_a_client_name_that_is_no_topic_level_or_a_ca_file(tmp_path: Path) -> None:
+    pki = tmp_path / "pki"
+    certs.make_ca(pki)
+    for name in ("server", "ca", "_push", "a/b", "cam+1"):
+        r = edged_cli("certs", "device", name, "--dir", str(pki))
+        assert r.returncode == 1 and "cannot be a client's name" in r.stderr, (name, r.stderr)
+    assert not (pki / "server.crt").exists() and (pki / "ca.key").stat().st_size > 0
+
+
+def test_a_broker_key_without_the_mosquitto_group_says_what_to_run(tmp_path: Path) -> None:
+    pki = tmp_path / "pki"
+    certs.make_ca(pki)
+    certs.make_cert(pki, "server", hosts=["localhost"])
+    note = certs.share_with_broker(pki / "server.key", group="no-such-group-edged")
+    assert "install -m 0640 -g no-such-group-edged server.key /etc/mosquitto/certs/" in note
+    assert stat.S_IMODE((pki / "server.key").stat().st_mode) == 0o600
