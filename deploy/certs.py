@@ -1,19 +1,29 @@
 """``edged certs``: a small CA for a site's broker and its devices (TLS with client certificates).
 
-    edged certs ca --dir pki                      pki/ca.crt, pki/ca.key (keep ca.key off the devices)
+    edged certs ca --dir pki                      pki/ca.crt, pki/ca.key (keep ca.key off the devices) and
+                                                  pki/crl.pem, an empty CRL: mosquitto's crlfile exists from day one
     edged certs server broker.site 10.0.0.2 --dir pki    pki/server.crt/.key for mosquitto
     edged certs device orin-07 --dir pki          pki/orin-07.crt/.key: CN = the device id, which
                                                   mosquitto uses as the user name (use_identity_as_username)
     edged certs revoke pki/orin-07.crt --dir pki  add it to pki/crl.pem (mosquitto's crlfile)
+    edged certs crl --dir pki                     sign pki/crl.pem again with a fresh next update
+    edged certs status --dir pki                  what expires when; exit 1 if anything is within --warn-days
 
-Keys are ECDSA P-256; files holding private keys are written with mode 0600.
+Keys are ECDSA P-256; files holding private keys are written with mode 0600, except the broker's
+key: mosquitto started as root drops to the `mosquitto` user before it loads its certificates, so
+server.key is 0640 and group `mosquitto` where that group exists (else `share_with_broker` says what
+to chown). A CRL whose next update has passed makes mosquitto refuse every client certificate:
+`status` warns ahead of it and `crl` renews it (a cron line or timer, README "Broker security").
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import grp
 import ipaddress
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
@@ -26,6 +36,13 @@ from edged.errors import EdgedError
 
 class CertError(EdgedError):
     code = "certs_failed"
+
+
+CRL_DAYS = 365  # a CRL's next update: mosquitto refuses every client once it has passed
+BROKER_GROUP = "mosquitto"  # the user and group mosquitto drops to when started as root
+# a client's CN is its MQTT user name and a topic level (edged/<CN>/...); these names are files of the CA
+_CLIENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_RESERVED = {"ca", "server", "crl", "_push"}
 
 
 def _now() -> dt.datetime:
@@ -79,6 +96,7 @@ def make_ca(folder: Path, name: str = "edged CA", days: int = 3650) -> Path:
     )
     _write(folder / "ca.key", _key_pem(key), secret=True)
     _write(folder / "ca.crt", cert.public_bytes(serialization.Encoding.PEM))
+    write_crl(folder)  # the shipped edged.conf names a crlfile: mosquitto does not start without one
     return folder / "ca.crt"
 
 
@@ -104,6 +122,11 @@ def make_cert(
     out: Path | None = None,
 ) -> Path:
     """A certificate signed by the CA in `folder`: a client (CN = name) or, with `hosts`, a server."""
+    if not hosts and (not _CLIENT_NAME.match(name) or name in _RESERVED):
+        raise CertError(
+            f"{name!r} cannot be a client's name: it is its MQTT user name and a topic level (1-64 letters, "
+            f"digits, '_', '.', '-'), and not one of {', '.join(sorted(_RESERVED))}"
+        )
     ca, ca_key = _load_ca(folder)
     key = ec.generate_private_key(ec.SECP256R1())
     start = valid_from or (_now() - dt.timedelta(minutes=5))
@@ -134,24 +157,126 @@ def make_cert(
     return out / f"{name}.crt"
 
 
+def share_with_broker(key_path: Path, group: str = BROKER_GROUP) -> str:
+    """Make the broker's key readable by `group` (mode 0640), which mosquitto runs as once it has
+    dropped root; returns a sentence saying what was done, or what to do where it could not be."""
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        return (
+            f"{key_path} is 0600: no group {group!r} here; on the broker, install it readable by the user "
+            f"mosquitto runs as: install -m 0640 -g {group} {key_path.name} /etc/mosquitto/certs/"
+        )
+    try:
+        os.chown(key_path, -1, gid)
+    except PermissionError:
+        return (
+            f"{key_path} is 0600: only root may give it to group {group!r}; "
+            f"run: chgrp {group} {key_path} && chmod 0640 {key_path}"
+        )
+    os.chmod(key_path, 0o640)
+    return f"{key_path} is 0640, group {group!r} (mosquitto reads it after dropping root)"
+
+
+def _load_crl(crl_path: Path) -> x509.CertificateRevocationList:
+    try:
+        return x509.load_pem_x509_crl(crl_path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise CertError(f"{crl_path}: not a PEM CRL ({exc})") from exc
+
+
+def write_crl(
+    folder: Path, days: int = CRL_DAYS, add: x509.Certificate | None = None, valid_from: dt.datetime | None = None
+) -> Path:
+    """Sign the CA's CRL (`crl.pem`) again: the certificates it revokes (plus `add`), a fresh last
+    update and a next update `days` out. Mosquitto reads it at start and on SIGHUP."""
+    ca, ca_key = _load_ca(folder)
+    crl_path = folder / "crl.pem"
+    revoked = list(_load_crl(crl_path)) if crl_path.exists() else []
+    start = valid_from or _now()
+    builder = x509.CertificateRevocationListBuilder().issuer_name(ca.subject).last_update(start)
+    builder = builder.next_update(start + dt.timedelta(days=days))
+    for r in revoked:
+        builder = builder.add_revoked_certificate(r)
+    if add is not None and all(r.serial_number != add.serial_number for r in revoked):
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder().serial_number(add.serial_number).revocation_date(_now()).build()
+        )
+    _write(crl_path, builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    return crl_path
+
+
 def revoke(folder: Path, cert_path: Path) -> Path:
     """Add a certificate to the CA's CRL (`crl.pem`, for mosquitto's `crlfile`)."""
-    ca, ca_key = _load_ca(folder)
     try:
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
     except (OSError, ValueError) as exc:
         raise CertError(f"{cert_path}: not a PEM certificate: {exc}") from exc
+    return write_crl(folder, add=cert)
+
+
+@dataclass(frozen=True)
+class Expiry:
+    """One dated thing in a CA's folder: the CA, its CRL (its next update), or a certificate it issued."""
+
+    path: Path
+    what: str  # "CA", "CRL", "server", "client <CN>"
+    ends: dt.datetime
+    revoked: bool = False
+
+    def days_left(self, now: dt.datetime) -> float:
+        return (self.ends - now).total_seconds() / 86400
+
+    def line(self, now: dt.datetime, warn_days: int) -> str:
+        left = self.days_left(now)
+        when = f"{self.ends:%Y-%m-%d %H:%M} UTC"
+        if self.revoked:
+            state = "revoked"
+        elif left < 0:
+            state = (
+                f"EXPIRED {-left:.0f} days ago" if self.what != "CRL" else f"PAST its next update {-left:.0f} days ago"
+            )
+        elif left <= warn_days:
+            state = f"WARN: ends in {left:.1f} days"
+        else:
+            state = f"ok, {left:.0f} days left"
+        return f"{self.what:<24} {when}  {state}  ({self.path.name})"
+
+    def needs_action(self, now: dt.datetime, warn_days: int) -> bool:
+        return not self.revoked and self.days_left(now) <= warn_days
+
+
+def status(folder: Path) -> list[Expiry]:
+    """The CA, the CRL and every certificate in `folder`, with when each ends. A missing or foreign
+    CRL is an error (mosquitto would not start, or would refuse every client)."""
+    ca, _ = _load_ca(folder)
     crl_path = folder / "crl.pem"
-    revoked = []
-    if crl_path.exists():
-        revoked = list(x509.load_pem_x509_crl(crl_path.read_bytes()))
-    builder = x509.CertificateRevocationListBuilder().issuer_name(ca.subject).last_update(_now())
-    builder = builder.next_update(_now() + dt.timedelta(days=365))
-    for r in revoked:
-        builder = builder.add_revoked_certificate(r)
-    if all(r.serial_number != cert.serial_number for r in revoked):
-        builder = builder.add_revoked_certificate(
-            x509.RevokedCertificateBuilder().serial_number(cert.serial_number).revocation_date(_now()).build()
+    if not crl_path.exists():
+        raise CertError(
+            f"{crl_path} is missing: mosquitto (crlfile) does not start without it; "
+            f"run `edged certs crl --dir {folder}`"
         )
-    _write(crl_path, builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
-    return crl_path
+    crl = _load_crl(crl_path)
+    if not crl.is_signature_valid(ca.public_key()):  # type: ignore[arg-type]
+        raise CertError(f"{crl_path} is not signed by {folder / 'ca.crt'}; run `edged certs crl --dir {folder}`")
+    if crl.next_update_utc is None:
+        raise CertError(f"{crl_path} has no next update")
+    found = [Expiry(folder / "ca.crt", "CA", ca.not_valid_after_utc), Expiry(crl_path, "CRL", crl.next_update_utc)]
+    for path in sorted(folder.glob("*.crt")):
+        if path.name == "ca.crt":
+            continue
+        try:
+            cert = x509.load_pem_x509_certificate(path.read_bytes())
+        except ValueError as exc:
+            raise CertError(f"{path}: not a PEM certificate: {exc}") from exc
+        try:  # ours always carry both; a certificate made elsewhere and dropped here may not
+            server = (
+                ExtendedKeyUsageOID.SERVER_AUTH in cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+            )
+        except x509.ExtensionNotFound:
+            server = False
+        cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        what = "server" if server else f"client {cns[0].value!s}" if cns else f"certificate {path.stem}"
+        revoked = crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None
+        found.append(Expiry(path, what, cert.not_valid_after_utc, revoked))
+    return found
