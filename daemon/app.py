@@ -351,9 +351,11 @@ class Daemon:
         st = self.store.state(name)
         if st.pending is None or st.pending != self.store.pointer(name, "current"):
             return
-        crash_at_env_step("probation_start")  # test seam: a crash loop the daemon cannot judge itself
         crashes = self.store.probation_run(name, self.boot_id)
         self._marked = name
+        # test seam: a crash loop the daemon cannot judge itself (it counts, then dies before it can act;
+        # edged-rollback.service, run by OnFailure=, finds the evidence and rolls back)
+        crash_at_env_step("probation_start")
         limit = self.cfg.model.probation_max_crashes
         if crashes <= limit:
             if crashes:
