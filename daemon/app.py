@@ -22,7 +22,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import cv2
 import numpy as np
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel, ConfigDict
@@ -41,7 +40,7 @@ from edged.errors import (
 from edged.models.package import Package, open_package
 from edged.models.store import Store, crash_at_env_step
 
-from .annotate import draw
+from .annotate import draw, fit_jpeg
 from .backend import Backend, open_backend, tensorrt_unavailable_reason
 from .capture import Camera, Throttle
 from .commands import CommandError, Commands, NoArgs
@@ -51,7 +50,7 @@ from .governor import Governor, admit
 from .inference import ActiveModel, InferenceLoop, Result, Window
 from .ota import MAX_OFFER_BYTES, OfferArgs, OtaReceiver
 from .preprocess import Preprocessor
-from .publish import Publisher, iso
+from .publish import MAX_PAYLOAD_BYTES, Publisher, iso
 from .sensors import Sensors
 from .spool import Spool
 from .startup import Signals, StateLock, StoppedBeforeStart
@@ -429,13 +428,21 @@ class Daemon:
         if frame is None:
             raise CommandError("no_frame", f"camera {cam.name!r} has no frame yet (state {cam.stats.state})")
         self._last_snapshot[cam.name] = now
-        ok, jpg = cv2.imencode(".jpg", draw(frame, self.last_dets.get(cam.name, [])), [cv2.IMWRITE_JPEG_QUALITY, 80])
-        if not ok:
-            raise CommandError("failed", "JPEG encoding failed")
+        # a 4K frame's JPEG is over the message cap: lower the quality, then scale down, until it fits
+        jpg = fit_jpeg(draw(frame, self.last_dets.get(cam.name, [])), MAX_PAYLOAD_BYTES)
         topic = self.publisher.topic(f"snapshot/{cam.name}")
-        if not self.publisher.publish_direct(topic, jpg.tobytes(), qos=0):
-            raise CommandError("not_sent", f"the snapshot ({len(jpg)} bytes) could not be published")
-        return {"topic": topic, "bytes": len(jpg), "detections": len(self.last_dets.get(cam.name, []))}
+        if not self.publisher.publish_direct(topic, jpg.data, qos=0):
+            raise CommandError("not_sent", f"the snapshot ({len(jpg.data)} bytes) could not be published")
+        return {
+            "topic": topic,
+            "bytes": len(jpg.data),
+            "quality": jpg.quality,
+            "scale": jpg.scale,
+            "width": jpg.width,
+            "height": jpg.height,
+            "source": {"width": frame.shape[1], "height": frame.shape[0]},
+            "detections": len(self.last_dets.get(cam.name, [])),
+        }
 
     def reload(self) -> dict[str, Any]:
         """Read the config file again; apply what can change live, name what needs a restart."""

@@ -18,6 +18,13 @@ Any other response topic is refused: the command is not run, and the refusal (co
     {"schema": "edged.reply/1", "verb": "pause", "ok": true, "result": {...}}
     {"schema": "edged.reply/1", "verb": "snapshot", "ok": false, "error": {"code": "...", "message": "..."}}
 
+A command can expire, so one that waited (in the broker's persistent session while the device was
+offline, or behind a slow command on the device) is never run late: the sender sets an MQTT v5 Message
+Expiry Interval (the broker drops it when that runs out; what reaches us carries the time left, and the
+device refuses it when it has waited longer than that here), and/or, for senders without MQTT v5, an
+``"expires_at": "<ISO-8601 with a UTC offset>"`` field in any verb's payload (taken out before the
+verb's own schema is checked). A stale command is not run: the reply says so, code ``expired``.
+
 Retained commands are acted on only when the verb is idempotent (a retained ``reload`` would
 re-run at every reconnect). Commands run one at a time on their own thread, off paho's network
 thread; no exception escapes to paho. Verbs are registered by the daemon (``register``); later
@@ -32,8 +39,10 @@ import logging
 import queue
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from paho.mqtt.client import MQTTMessage
@@ -47,6 +56,7 @@ MAX_COMMAND_BYTES = 16 * 1024
 MAX_DEPTH = 16
 REPLY_SCHEMA = "edged.reply/1"
 _PUSH_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+EXPIRES_AT = "expires_at"  # the payload's own expiry, for senders without MQTT v5; not part of any verb's schema
 
 
 class CommandError(Exception):
@@ -117,6 +127,34 @@ def parse_payload(payload: bytes, cap: int = MAX_COMMAND_BYTES) -> dict[str, Any
     return doc
 
 
+def parse_expires_at(value: Any) -> datetime:
+    """`expires_at` as an aware UTC datetime; ISO-8601 with its offset (``Z`` or ``+00:00``), never naive."""
+    if not isinstance(value, str) or len(value) > 64:
+        raise CommandError("invalid_arguments", f"{EXPIRES_AT}: an ISO-8601 string, e.g. 2026-11-30T14:00:00Z")
+    text = value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise CommandError("invalid_arguments", f"{EXPIRES_AT}: {value!r} is not an ISO-8601 timestamp") from exc
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise CommandError(
+            "invalid_arguments", f"{EXPIRES_AT}: {value!r} has no UTC offset (write 2026-11-30T14:00:00Z)"
+        )
+    return when.astimezone(timezone.utc)
+
+
+def check_not_expired(expires_at: Any, now: datetime) -> None:
+    """Raise CommandError('expired') when the payload's `expires_at` is not after `now` (aware, UTC)."""
+    when = parse_expires_at(expires_at)
+    if when <= now:
+        late = (now - when).total_seconds()
+        raise CommandError(
+            "expired",
+            f"the command expired at {when.isoformat().replace('+00:00', 'Z')} ({late:.1f} s ago by this device's "
+            "clock); it was not run",
+        )
+
+
 def response_topic_allowed(topic: str, root: str) -> bool:
     """Whether a device whose topics are under `root` (``<prefix>/<device>``) may reply on `topic`."""
     if not topic or len(topic.encode()) > 1024 or any(c in topic for c in "+#\x00") or topic.startswith("$"):
@@ -130,14 +168,24 @@ def response_topic_allowed(topic: str, root: str) -> bool:
 
 
 class Commands:
-    def __init__(self, root: str, reply: Callable[[str, bytes, Properties | None], None]) -> None:
-        """`root`: the device's topics, ``<prefix>/<device>``; `reply(topic, payload, properties)` sends."""
+    def __init__(
+        self,
+        root: str,
+        reply: Callable[[str, bytes, Properties | None], None],
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    ) -> None:
+        """`root`: the device's topics, ``<prefix>/<device>``; `reply(topic, payload, properties)` sends.
+        `clock` times how long a command waits here (its Message Expiry Interval); `wall` is UTC now
+        (a payload's ``expires_at``)."""
         self.root = root
         self._reply = reply
+        self._clock = clock
+        self._wall = wall
         self.verbs: dict[str, Verb] = {}
         self.handled = 0
         self.rejected = 0
-        self._q: queue.Queue[MQTTMessage | None] = queue.Queue(maxsize=32)
+        self._q: queue.Queue[tuple[MQTTMessage, float] | None] = queue.Queue(maxsize=32)  # (message, received)
         self._thread = threading.Thread(target=self._run, name="commands", daemon=True)
 
     def register(
@@ -161,7 +209,7 @@ class Commands:
     def on_message(self, msg: MQTTMessage) -> None:
         """Called on paho's network thread: only queue the message (reply 'busy' when the queue is full)."""
         try:
-            self._q.put_nowait(msg)
+            self._q.put_nowait((msg, self._clock()))
         except queue.Full:
             self._answer(msg, self._verb_of(msg.topic), error=CommandError("busy", "too many commands waiting"))
 
@@ -170,10 +218,12 @@ class Commands:
         return topic[len(prefix) :] if topic.startswith(prefix) else ""
 
     def _run(self) -> None:
-        while (msg := self._q.get()) is not None:
+        while (item := self._q.get()) is not None:
+            msg, received = item
             verb = self._verb_of(msg.topic)
             try:
                 self._check_response_topic(msg)
+                self._check_expiry_interval(msg, received)
                 result = self.execute(verb, bytes(msg.payload), bool(msg.retain))
                 self._answer(msg, verb, result=result)
                 self.handled += 1
@@ -195,6 +245,21 @@ class Commands:
                 f"{self.root.rpartition('/')[0]}/_push/<id>/reply); the command was not run",
             )
 
+    def _check_expiry_interval(self, msg: MQTTMessage, received: float) -> None:
+        """The MQTT v5 Message Expiry Interval as delivered: the seconds it had left when the broker sent it
+        (whole seconds, rounded down: so up to one more). Expired when it waited here longer than that."""
+        in_props = getattr(msg, "properties", None)
+        left = getattr(in_props, "MessageExpiryInterval", None) if in_props is not None else None
+        if not isinstance(left, int):
+            return
+        waited = self._clock() - received
+        if waited > left + 1:
+            raise CommandError(
+                "expired",
+                f"the command's Message Expiry Interval ran out while it waited on the device ({left} s left when "
+                f"it arrived, {waited:.1f} s ago); it was not run",
+            )
+
     @staticmethod
     def _response_topic(msg: MQTTMessage) -> str | None:
         in_props = getattr(msg, "properties", None)
@@ -208,6 +273,8 @@ class Commands:
         if retained and not spec.idempotent:
             raise CommandError("retained_ignored", f"a retained {verb!r} is not acted on (it is not idempotent)")
         doc = parse_payload(payload, spec.max_bytes)
+        if EXPIRES_AT in doc:
+            check_not_expired(doc.pop(EXPIRES_AT), self._wall())
         try:
             args = spec.args.model_validate(doc)
         except ValidationError as exc:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -131,17 +134,21 @@ class Client:
         else:
             self.other.append(m)
 
-    def send(self, verb: str, payload: bytes | str = b"{}", retain: bool = False) -> bytes:
+    def send(self, verb: str, payload: bytes | str = b"{}", retain: bool = False, expiry_s: int | None = None) -> bytes:
         self.n += 1
         corr = f"req-{self.n}".encode()
         props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
         props.ResponseTopic = "edged/test-01/reply/backend"  # the device's own reply namespace
         props.CorrelationData = corr
+        if expiry_s is not None:
+            props.MessageExpiryInterval = expiry_s
         self.c.publish(f"edged/test-01/cmd/{verb}", payload, qos=1, retain=retain, properties=props)
         return corr
 
-    def call(self, verb: str, payload: bytes | str = b"{}", retain: bool = False) -> dict[str, Any]:
-        corr = self.send(verb, payload, retain)
+    def call(
+        self, verb: str, payload: bytes | str = b"{}", retain: bool = False, expiry_s: int | None = None
+    ) -> dict[str, Any]:
+        corr = self.send(verb, payload, retain, expiry_s)
         wait_until(lambda: corr in self.replies, 10, f"a reply to {verb}")
         return self.replies[corr]
 
@@ -265,3 +272,181 @@ def test_fuzzed_commands_over_mqtt_each_get_a_reply(
 )
 def test_response_topics_are_confined_to_the_devices_own(topic: str, allowed: bool) -> None:
     assert response_topic_allowed(topic, "edged/dev") is allowed
+
+
+NOW = datetime(2026, 11, 30, 14, 0, 0, tzinfo=timezone.utc)
+
+
+def test_expires_at_in_the_payload() -> None:
+    ran: list[bool] = []
+    c = Commands("edged/dev", lambda topic, payload, props: None, wall=lambda: NOW)
+
+    def pause(_: NoArgs) -> dict[str, Any]:
+        ran.append(True)
+        return {"paused": True}
+
+    c.register("pause", NoArgs, pause, idempotent=True)
+    for stale in ["2026-11-30T13:59:59Z", "2026-11-30T14:00:00+00:00", "2026-11-30T15:59:00+02:00"]:
+        with pytest.raises(CommandError, match="expired at 2026-11-30T1") as exc:
+            c.execute("pause", json.dumps({"expires_at": stale}).encode())
+        assert exc.value.code == "expired"
+    assert not ran
+    # fresh: taken out of the payload before the verb's own (strict, no-arguments) schema is checked
+    assert c.execute("pause", b'{"expires_at": "2026-11-30T14:00:05Z"}') == {"paused": True}
+    assert c.execute("pause", b'{"expires_at": "2026-11-30T16:00:05+02:00"}') == {"paused": True}
+    for bad, why in [("2026-11-30T14:05:00", "no UTC offset"), ("soon", "not an ISO-8601"), (1764511200, "string")]:
+        with pytest.raises(CommandError, match=why) as exc:
+            c.execute("pause", json.dumps({"expires_at": bad}).encode())
+        assert exc.value.code == "invalid_arguments"
+
+
+def _message(verb: str, corr: bytes, expiry_s: int | None) -> mqtt.MQTTMessage:
+    m = mqtt.MQTTMessage(topic=f"edged/dev/cmd/{verb}".encode())
+    m.payload = b"{}"
+    m.properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    m.properties.CorrelationData = corr
+    if expiry_s is not None:
+        m.properties.MessageExpiryInterval = expiry_s
+    return m
+
+
+def test_a_command_whose_expiry_interval_runs_out_while_it_waits_on_the_device_is_not_run() -> None:
+    """The broker drops what expires in its queue; one that arrived in time but waited here behind a slow
+    command (a reload, an OTA offer) past its Message Expiry Interval is refused too."""
+    now = [100.0]
+    replies: dict[bytes, dict[str, Any]] = {}
+    release, ran = threading.Event(), []
+
+    def reply(topic: str, payload: bytes, props: Properties | None) -> None:
+        replies[bytes(props.CorrelationData)] = json.loads(payload)  # type: ignore[union-attr]
+
+    c = Commands("edged/dev", reply, clock=lambda: now[0])
+    c.register("slow", NoArgs, lambda a: {"done": release.wait(10)}, idempotent=False)
+
+    def verb(name: str) -> Callable[[NoArgs], dict[str, Any]]:
+        def run(_: NoArgs) -> dict[str, Any]:
+            ran.append(name)
+            return {}
+
+        return run
+
+    c.register("rollback", NoArgs, verb("rollback"), idempotent=False)
+    c.register("status", NoArgs, verb("status"), idempotent=True)
+    c.start()
+    try:
+        c.on_message(_message("slow", b"1", None))
+        c.on_message(_message("rollback", b"2", 2))  # 2 s left when it reached the device
+        c.on_message(_message("status", b"3", 600))
+        now[0] += 3.5  # the slow command held the thread past the rollback's expiry
+        release.set()
+        wait_until(lambda: len(replies) == 3, 10, "three replies")
+    finally:
+        c.stop()
+    assert replies[b"1"]["ok"] and replies[b"3"]["ok"]
+    assert replies[b"2"]["error"]["code"] == "expired"
+    assert "Message Expiry Interval" in replies[b"2"]["error"]["message"]
+    assert ran == ["status"]
+
+
+def test_commands_expire_end_to_end(broker, subscribe, start_daemon, demo: DemoAssets, tmp_path: Path) -> None:
+    """(a) a command queued in the device's persistent session with a 2 s Message Expiry Interval while the
+    device is stopped is never run; (b) a payload `expires_at` in the past is refused with `expired`;
+    (c) a fresh one runs."""
+    sub = subscribe(broker, "edged/test-01/#")
+    doc = base_config(broker, demo, tmp_path, [{"name": "cam", "uri": "synthetic://?fps=10", "fps_max": 10}])
+    cfg = write_config(tmp_path / "c.yaml", doc)
+    cli = Client(broker.host, broker.port)
+    try:
+        d = start_daemon(cfg)  # the first start creates the device's persistent session (cmd/+ subscribed)
+        wait_until(lambda: len(sub.results()) > 2, 60, "results")
+        assert d.stop() == 0
+        sent = time.monotonic()
+        late = cli.send("pause", expiry_s=2)  # waits in the session while the device is stopped
+        kept = cli.send("status", expiry_s=600)  # the control: the session does queue commands
+        wait_until(lambda: time.monotonic() - sent > 3.0, 5, "the pause's expiry to pass")
+        d = start_daemon(cfg)
+        wait_until(lambda: kept in cli.replies, 60, "the queued status command's reply")
+        assert late not in cli.replies, cli.replies[late]
+        assert cli.call("status")["result"]["paused"] is False
+        assert "paused by command" not in d.output()
+
+        past = (datetime.now(timezone.utc) - timedelta(seconds=30)).isoformat()
+        stale = cli.call("pause", json.dumps({"expires_at": past}))
+        assert stale["ok"] is False and stale["error"]["code"] == "expired", stale
+        assert "was not run" in stale["error"]["message"]
+        assert cli.call("status")["result"]["paused"] is False
+
+        future = (datetime.now(timezone.utc) + timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
+        assert cli.call("pause", json.dumps({"expires_at": future})) == {
+            "schema": "edged.reply/1", "verb": "pause", "ok": True, "result": {"paused": True}
+        }  # fmt: skip
+        assert cli.call("resume", b"{}", expiry_s=30)["result"] == {"paused": False}
+    finally:
+        cli.close()
+    assert d.stop() == 0
+
+
+def _video_4k(path: Path, demo: DemoAssets) -> Path:
+    """A 3840x2160 MJPEG AVI: demo video frames upscaled with sensor-like noise, so that each frame's JPEG at
+    quality 80 is as big as a real 4K camera's (about 420 KiB; a plain upscale or the synthetic gradient
+    compresses far too well)."""
+    cap = cv2.VideoCapture(str(demo.video))
+    rng = np.random.default_rng(7)
+    out = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 5, (3840, 2160))
+    for _ in range(3):
+        ok, img = cap.read()
+        assert ok
+        big = np.asarray(cv2.resize(img, (3840, 2160), interpolation=cv2.INTER_CUBIC), np.int16)
+        big += rng.normal(0, 8, big.shape).astype(np.int16)
+        out.write(np.clip(big, 0, 255).astype(np.uint8))
+    out.release()
+    cap.release()
+    return path
+
+
+def test_snapshot_of_a_4k_camera_fits_the_cap(
+    broker, subscribe, start_daemon, demo: DemoAssets, tmp_path: Path
+) -> None:
+    from edged.daemon.publish import MAX_PAYLOAD_BYTES
+
+    video = _video_4k(tmp_path / "4k.avi", demo)
+    first = cv2.VideoCapture(str(video)).read()[1]
+    assert first.shape == (2160, 3840, 3)
+    full = len(cv2.imencode(".jpg", first, [cv2.IMWRITE_JPEG_QUALITY, 80])[1])
+    assert full > MAX_PAYLOAD_BYTES, f"the test frame's JPEG ({full} bytes) must be over the cap to mean anything"
+    cam = {"name": "uhd", "uri": f"file://{video}", "loop": True, "fps_max": 2}
+    sub = subscribe(broker, "edged/test-01/results/#")
+    d = start_daemon(write_config(tmp_path / "c.yaml", base_config(broker, demo, tmp_path, [cam])))
+    cli = Client(broker.host, broker.port)
+    try:
+        wait_until(lambda: len(sub.results()) > 0, 60, "a result from the 4K camera")
+        snap = cli.call("snapshot", '{"camera": "uhd"}')
+        assert snap["ok"], snap
+        r = snap["result"]
+        assert r["source"] == {"width": 3840, "height": 2160}
+        assert r["bytes"] <= MAX_PAYLOAD_BYTES and (r["quality"] < 80 or r["scale"] < 1.0), r
+        wait_until(lambda: any(m.topic.endswith("snapshot/uhd") for m in cli.other), 10, "the JPEG")
+        jpg = next(m for m in cli.other if m.topic.endswith("snapshot/uhd")).payload
+        assert len(jpg) == r["bytes"] <= MAX_PAYLOAD_BYTES
+        img = cv2.imdecode(np.frombuffer(jpg, np.uint8), cv2.IMREAD_COLOR)
+        assert img is not None and img.shape == (r["height"], r["width"], 3)
+        assert img.shape[1] == round(3840 * r["scale"])
+    finally:
+        cli.close()
+    assert d.stop() == 0
+
+
+def test_fit_jpeg_lowers_the_quality_then_scales() -> None:
+    from edged.daemon.annotate import fit_jpeg
+
+    rng = np.random.default_rng(3)
+    noisy = rng.integers(0, 256, (2160, 3840, 3), dtype=np.uint8)  # the worst case: nothing compresses
+    j = fit_jpeg(noisy, 256 * 1024)
+    assert j.quality == 50 and j.scale < 0.5 and len(j.data) <= 256 * 1024
+    img = cv2.imdecode(np.frombuffer(j.data, np.uint8), cv2.IMREAD_COLOR)
+    assert img is not None and img.shape == (j.height, j.width, 3) and j.width == round(3840 * j.scale)
+    flat = np.full((2160, 3840, 3), 90, np.uint8)
+    assert fit_jpeg(flat, 256 * 1024).quality == 80 and fit_jpeg(flat, 256 * 1024).scale == 1.0
+    with pytest.raises(CommandError, match="does not fit 2000 bytes") as exc:
+        fit_jpeg(noisy, 2000)
+    assert exc.value.code == "too_large"
