@@ -4,7 +4,7 @@ One thread per camera. Each camera owns three preallocated input rows: the one i
 at most one ready for the inference thread, and at most one the inference thread is copying.
 A newer frame replaces a ready one that was not taken yet (counted as a drop), so a slow
 consumer never makes frames queue up. A source that fails to open or stops giving frames is
-reopened with exponential backoff; no frame for ``stall_timeout_s`` counts as a stall and a
+reopened with exponential backoff (full jitter, `Backoff`); no frame for ``stall_timeout_s`` counts as a stall and a
 disconnect. A camera that is down never stops the others.
 
 URIs: ``file:///path.mp4`` (``loop`` to repeat; ``realtime`` paces it at its own frame rate,
@@ -31,6 +31,7 @@ import numpy as np
 
 from edged.errors import CaptureError
 
+from .backoff import Backoff
 from .config import CameraConfig
 from .netcam import open_http, probe_rtsp, redact
 from .preprocess import Preprocessor, Transform
@@ -255,7 +256,8 @@ class Camera:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        backoff = self.cfg.reconnect_min_s
+        # full jitter: cameras behind one switch that came back do not all reopen at the same instant
+        backoff = Backoff(self.cfg.reconnect_min_s, max(self.cfg.reconnect_min_s, self.cfg.reconnect_max_s))
         failed_before = False
         while not self._stop.is_set():
             try:
@@ -263,9 +265,8 @@ class Camera:
             except CaptureError as exc:
                 self._down(str(exc))
                 failed_before = True
-                if self._stop.wait(backoff):
+                if self._stop.wait(backoff.next_s()):
                     break
-                backoff = min(backoff * 2, self.cfg.reconnect_max_s)
                 continue
             if failed_before:
                 self.stats.reconnects += 1
@@ -283,7 +284,7 @@ class Camera:
             finally:
                 source.close()
             if got_frames:
-                backoff = self.cfg.reconnect_min_s
+                backoff.reset()
             if outcome == "looped":
                 continue
             if outcome == "ended":
@@ -296,9 +297,8 @@ class Camera:
                 break
             self._down(f"source {outcome}")
             failed_before = True
-            if self._stop.wait(backoff):
+            if self._stop.wait(backoff.next_s()):
                 break
-            backoff = min(backoff * 2, self.cfg.reconnect_max_s)
         self.stats.state = "stopped"
 
     def _down(self, reason: str) -> None:

@@ -365,6 +365,54 @@ def load_mqtt_config(path: str | os.PathLike[str], environ: Mapping[str, str] | 
     return _resolve_mqtt(mqtt, _path_fixer(path, os.environ if environ is None else environ))
 
 
+def watch_settings(
+    path: Path | None,
+    *,
+    device: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    prefix: str | None = None,
+    cafile: Path | None = None,
+    cert: Path | None = None,
+    key: Path | None = None,
+    username: str | None = None,
+    password_file: Path | None = None,
+) -> tuple[MqttConfig, str]:
+    """What a subscriber (`edged watch`) needs and nothing more: the broker settings of `path` (any file
+    with an `mqtt:` section, or none) with the given flags over them, and the device id (`device`, else
+    the file's `device_id`). Flag paths are taken as given (relative to the working directory)."""
+    mqtt = load_mqtt_config(path) if path is not None else MqttConfig()
+    if device is None and path is not None:
+        raw = _parse_yaml(path.read_text(encoding="utf-8"), path)
+        found = raw.get("device_id") if isinstance(raw, dict) else None
+        device = found if isinstance(found, str) else None
+    where = f"{path}: " if path is not None else ""
+    if device is None:
+        raise ConfigError(f"{where}no device to watch: give --device ID (or a config with a device_id)")
+    if not _NAME.match(device):
+        raise ConfigError(f"device {device!r}: must be 1-64 of letters, digits, '_', '.', '-' (it is a topic level)")
+    doc: dict[str, Any] = mqtt.model_dump()
+    doc.update({k: v for k, v in (("host", host), ("port", port), ("topic_prefix", prefix)) if v is not None})
+    if username is not None:
+        doc["username"] = username
+    if password_file is not None:
+        doc["password_file"] = password_file
+    if cafile is not None or cert is not None or key is not None:
+        tls = dict(doc["tls"] or {})
+        tls.update({k: v for k, v in (("ca_file", cafile), ("cert_file", cert), ("key_file", key)) if v is not None})
+        if "ca_file" not in tls:
+            raise ConfigError(f"{where}--cert/--key need --cafile (the CA that signed the broker's certificate)")
+        doc["tls"] = tls
+        if port is None and path is None:
+            doc["port"] = 8883  # MQTT over TLS
+    try:
+        return MqttConfig.model_validate(doc), device
+    except ValidationError as exc:
+        raise ConfigError(
+            where + "; ".join(_describe({**e, "loc": ("mqtt", *e["loc"])}) for e in exc.errors())
+        ) from exc
+
+
 def _resolve_mqtt(mqtt: MqttConfig, fix: Callable[[Path | None], Path | None]) -> MqttConfig:
     tls = mqtt.tls
     if tls is not None:

@@ -11,8 +11,9 @@ network thread, against the requests in flight (transfer, file, offset, length):
 asked for (junk with no transfer running, a stale or duplicate answer) is dropped there and counted,
 so it is never held; what waits for the transfer thread is bounded in bytes. Progress (bytes fsynced per file) is kept
 under ``<state_dir>/ota/<manifest sha256[:16]>/`` and survives a broker outage (requests are asked
-again every `ota.retry_s`) and a daemon restart (the transfer resumes at start, from the persisted
-offsets, after checking the offer again). When every file is in, each is checked against its
+again after `ota.retry_s` of silence plus a full-jitter backoff up to `MAX_REASK_S`, so devices that
+lost the broker together do not all ask again at once) and a daemon restart (the transfer resumes at
+start, from the persisted offsets, after checking the offer again). When every file is in, each is checked against its
 sha256, the package is staged through the store (the same checks as a local install) and handed to
 the model manager, which swaps it in on probation. States: accepted, downloading, verifying,
 installing, probation (success), unchanged (already current: a no-op), rejected (a check refused
@@ -51,6 +52,7 @@ from edged.models.package import MANIFEST, sha256_file
 from edged.models.signing import SIG_FILE, TrustStore
 from edged.models.store import Offer, Store, write_atomic
 
+from .backoff import Backoff
 from .commands import CommandError
 from .config import OtaConfig
 
@@ -59,6 +61,7 @@ logger = logging.getLogger(__name__)
 OTA_SCHEMA = "edged.ota/1"
 MAX_OFFER_BYTES = 512 * 1024  # a base64 manifest of up to 256 KiB and its signature
 PROGRESS_EVERY = 1 << 20  # fsync and persist progress at least every MiB
+MAX_REASK_S = 60.0  # the most the jittered part of the wait before asking again can grow to
 DROP_LOG_EVERY_S = 60.0  # at most one log line a minute about chunks dropped on arrival
 
 
@@ -417,6 +420,8 @@ class OtaReceiver:
             asked: dict[int, int] = {}  # offset -> length, in flight
             next_off = done
             last_data = last_ask = time.monotonic()
+            reask = Backoff(self.cfg.retry_s, max(self.cfg.retry_s, MAX_REASK_S))
+            quiet_s = self.cfg.retry_s + reask.next_s()  # jittered: a fleet offered together asks again apart
             since_save = 0
             last_status = 0.0
             m = t.offer.manifest
@@ -438,7 +443,8 @@ class OtaReceiver:
                             f"no data for {self.cfg.give_up_s:.0f} s; {t.have} of {t.total} bytes kept for a resume",
                             code="stalled",
                         ) from None
-                    if now - last_ask > self.cfg.retry_s:  # lost requests or chunks (broker away?): ask again
+                    if now - last_ask > quiet_s:  # lost requests or chunks (broker away?): ask again
+                        quiet_s = self.cfg.retry_s + reask.next_s()
                         asked.clear()
                         self._forget()
                         next_off = done
@@ -456,6 +462,9 @@ class OtaReceiver:
                 done += len(c.data)
                 since_save += len(c.data)
                 last_data = time.monotonic()
+                if reask.failures > 1:  # answered again after asking again: back to the first step
+                    reask.reset()
+                    quiet_s = self.cfg.retry_s + reask.next_s()
                 if since_save >= PROGRESS_EVERY or done == size:
                     os.fsync(fd)
                     t.progress[name] = done

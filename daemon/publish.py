@@ -10,7 +10,8 @@
   row when its PUBACK arrives. Rows still spooled at a restart are sent again.
 - Our own network thread drives paho (`loop()`), so it is supervised: it reports progress for the
   watchdog, and connection failures (refused, TLS, DNS) are logged once with the reason and retried
-  with backoff from 1 s doubling to 60 s, never in a tight loop.
+  with full-jitter backoff (`Backoff`: a random wait up to 1 s doubling to 60 s), so a fleet that lost
+  its broker at the same instant does not knock again in step.
 - The session is persistent: `clean_start` false and a `session_expiry_s` Session Expiry Interval,
   so the broker keeps our command subscription and paho resends unacknowledged messages after a
   reconnect.
@@ -19,10 +20,11 @@
   takes, plus `PACKET_HEADROOM`), so a conforming broker (mosquitto 2) drops anything bigger before
   it is sent: junk on our topics never reaches paho, which reads every packet whole into memory.
 - A PUBACK with a failure reason code (0x87 Not authorized from an ACL, say) is a refusal, not a
-  delivery: the row stays in the spool, the topic is held and retried with backoff (1 s doubling to
-  60 s, jittered), counted in `refused` and logged once per topic and reason.
+  delivery: the row stays in the spool, the topic is held and retried with backoff (full jitter, up to
+  1 s doubling to 60 s), counted in `refused` and logged once per topic and reason.
 - Storage failures (disk full, I/O errors, a deleted or corrupt spool file) never stop the thread:
-  appended messages wait in memory (bounded, drops counted) and writes are retried with backoff;
+  appended messages wait in memory (bounded, drops counted) and writes are retried with backoff
+  (full jitter, up to 30 s);
   `spool_state` says so in status and telemetry. The thread's progress (`last_progress`) and
   life are the watchdog's business (`Daemon._health`).
 """
@@ -33,14 +35,13 @@ import datetime as dt
 import json
 import logging
 import queue
-import random
 import ssl
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
@@ -51,9 +52,12 @@ from paho.mqtt.reasoncodes import ReasonCode
 from edged import __version__
 from edged.errors import ConfigError
 
+from .backoff import Backoff
 from .config import MqttConfig, SpoolConfig
-from .inference import Result
 from .spool import Spool, SpoolCorrupt, SpoolError
+
+if TYPE_CHECKING:  # the operator tools (edged watch, edged push) use this module without OpenCV
+    from .inference import Result
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +65,8 @@ RESULT_SCHEMA = "edged.result/1"
 MAX_PAYLOAD_BYTES = 256 * 1024
 MessageHandler = Callable[[mqtt.MQTTMessage], None]
 EventHandler = Callable[[dict[str, Any]], None]
-MAX_BACKOFF_S = 60.0
+MAX_BACKOFF_S = 60.0  # reconnects and refused topics: full jitter up to this (daemon/backoff.py)
+MAX_STORAGE_BACKOFF_S = 30.0
 PACKET_HEADROOM = 64 * 1024  # an incoming packet's fixed header, topic and properties around its payload
 
 
@@ -70,27 +75,9 @@ class _Hold:
     """A topic the broker refuses: its rows wait in the spool until `until`, then are sent again."""
 
     first_id: int  # the oldest refused (or skipped) row: sending starts again there
-    backoff_s: float = 1.0
+    backoff: Backoff = field(default_factory=lambda: Backoff(1.0, MAX_BACKOFF_S))
     until: float = 0.0
     retrying: bool = False  # the hold ended and the rows were sent again; a refusal now doubles the backoff
-
-
-class _Backoff:
-    """Retry timing for a failing storage operation: 1 s doubling to 30 s."""
-
-    def __init__(self) -> None:
-        self.delay_s = 0.0
-        self.next_at = 0.0
-
-    def due(self, now: float) -> bool:
-        return now >= self.next_at
-
-    def failed(self, now: float) -> None:
-        self.delay_s = min(max(1.0, self.delay_s * 2), 30.0)
-        self.next_at = now + self.delay_s
-
-    def ok(self) -> None:
-        self.delay_s = self.next_at = 0.0
 
 
 def iso(ts: float) -> str:
@@ -206,8 +193,8 @@ class Publisher:
         self._holds: dict[str, _Hold] = {}  # topics the broker refuses
         self._refusals_logged: set[tuple[str, str]] = set()
         self._unsaved_deletes: list[int] = []  # acknowledged rows whose delete failed: retried
-        self._commit_backoff = _Backoff()
-        self._deliver_backoff = _Backoff()
+        self._commit_backoff = Backoff(1.0, MAX_STORAGE_BACKOFF_S)  # a failing spool: retried, never fatal
+        self._deliver_backoff = Backoff(1.0, MAX_STORAGE_BACKOFF_S)
         self._wake = threading.Event()  # set by submit() and by PUBACKs: the publisher thread has work
         self._ack_batch = max(1, cfg.max_inflight // 4)
         self._last_sent = 0
@@ -270,7 +257,7 @@ class Publisher:
         self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Properties | None
     ) -> None:
         if self.connected and not self._stop.is_set():
-            logger.warning("mqtt: disconnected (%s); reconnecting with backoff 1-60 s", rc)
+            logger.warning("mqtt: disconnected (%s); reconnecting with jittered backoff up to 60 s", rc)
         self.connected = False
 
     def _on_publish(
@@ -309,7 +296,7 @@ class Publisher:
 
     # --- the network thread ------------------------------------------------------------------------
     def _network(self) -> None:
-        backoff = 1.0
+        backoff = Backoff(1.0, MAX_BACKOFF_S)  # full jitter: after a broker restart a fleet does not knock in step
         first = True
         socket_open = had_connack = False
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
@@ -334,13 +321,12 @@ class Publisher:
                     socket_open = True
                 except (OSError, ValueError) as exc:  # refused, unreachable, TLS (ssl.SSLError is an OSError)
                     self._connect_failed(str(exc) or type(exc).__name__)
-                    self._net_stop.wait(backoff)
-                    backoff = min(backoff * 2, 60.0)
+                    self._net_stop.wait(backoff.next_s())
                     continue
             rc = self.client.loop(timeout=0.2)
             if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
                 if self.connected:
-                    backoff = 1.0
+                    backoff.reset()
                     had_connack = True
                 continue
             socket_open = False
@@ -360,8 +346,7 @@ class Publisher:
                 self._connect_failed(reason)
             had_connack = False
             self._socket_error = ""
-            self._net_stop.wait(backoff)
-            backoff = min(backoff * 2, 60.0)
+            self._net_stop.wait(backoff.next_s())
 
     def network_alive(self) -> bool:
         return self._net_thread.is_alive() and time.monotonic() - self.last_net_progress < 10.0
@@ -448,13 +433,12 @@ class Publisher:
         if hold is None:
             hold = self._holds[topic] = _Hold(first_id=row_id)
         elif hold.retrying:  # sent again after the hold and refused again
-            hold.backoff_s = min(hold.backoff_s * 2, MAX_BACKOFF_S)
             hold.first_id = row_id
         else:  # another refusal of the same round
             hold.first_id = min(hold.first_id, row_id)
             return
         hold.retrying = False
-        hold.until = now + random.uniform(0.5, 1.0) * hold.backoff_s  # noqa: S311 jitter: a fleet does not retry in step
+        hold.until = now + hold.backoff.next_s()  # full jitter: a fleet does not retry in step
         reason = f"{rc} (0x{rc.value:02x})"
         self.last_error = f"the broker refused a publish to {topic}: {reason}"
         if (topic, reason) not in self._refusals_logged:
@@ -527,7 +511,7 @@ class Publisher:
             if not rows:
                 return
 
-    def _storage(self, backoff: _Backoff, op: Callable[[], None], now: float) -> bool:
+    def _storage(self, backoff: Backoff, op: Callable[[], None], now: float) -> bool:
         """Run a spool operation; a storage failure is reported and retried with backoff, never fatal."""
         try:
             op()
@@ -540,14 +524,14 @@ class Publisher:
                 backoff.failed(now)
                 return False
             self._maybe_unsent = True
-            backoff.ok()
+            backoff.reset()
             return False
         except SpoolError as exc:
             self._spool_failed(exc)
             backoff.failed(now)
             return False
-        backoff.ok()
-        if self.spool_state != "ok" and self._commit_backoff.delay_s == 0 and self._deliver_backoff.delay_s == 0:
+        backoff.reset()
+        if self.spool_state != "ok" and self._commit_backoff.failures == 0 and self._deliver_backoff.failures == 0:
             self._spool_ok()
         return True
 

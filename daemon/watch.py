@@ -3,6 +3,9 @@
 A consumer's view of the MQTT contract, for the demo and for debugging on a device. With
 ``--snapshot OUT.jpg --video FILE`` it also draws the newest result that has detections onto the
 matching frame of FILE (results of a ``file://`` camera name the frame's index in the file).
+
+It needs only broker settings and a device id (``edged watch --host … --device …``, or ``-c`` with any
+file that has an ``mqtt:`` section): no model or cameras, and OpenCV is loaded only to draw a snapshot.
 """
 
 from __future__ import annotations
@@ -12,20 +15,24 @@ import queue
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import cv2
-import numpy as np
 import paho.mqtt.client as mqtt
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from .annotate import draw
-from .config import Config
+from edged.errors import PublishError
+
+from .config import MqttConfig
 from .publish import make_client
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def read_frame(video: Path, index: int) -> np.ndarray | None:
+    import cv2  # only for --snapshot: a subscriber does not load OpenCV
+
     cap = cv2.VideoCapture(str(video))
     try:
         cap.set(cv2.CAP_PROP_POS_FRAMES, index)
@@ -59,7 +66,8 @@ def line_for(topic: str, doc: dict[str, Any]) -> str:
 
 
 def watch(
-    cfg: Config,
+    cfg: MqttConfig,
+    device_id: str,
     duration_s: float | None,
     count: int | None,
     snapshot: Path | None,
@@ -69,8 +77,8 @@ def watch(
 ) -> int:
     """Print messages until `duration_s` passes or `count` results arrived; return results seen."""
     inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
-    client = make_client(cfg.mqtt, f"edged-watch-{int(time.time() * 1000) % 10**9}")
-    root = cfg.topic_root
+    client = make_client(cfg, f"edged-watch-{int(time.time() * 1000) % 10**9}")
+    root = f"{cfg.topic_prefix}/{device_id}"
 
     def on_connect(c: mqtt.Client, u: Any, f: Any, rc: ReasonCode, p: Properties | None) -> None:
         if not rc.is_failure:
@@ -78,7 +86,10 @@ def watch(
 
     client.on_connect = on_connect
     client.on_message = lambda c, u, msg: inbox.put((msg.topic, bytes(msg.payload)))
-    client.connect(cfg.mqtt.host, cfg.mqtt.port, keepalive=30)
+    try:
+        client.connect(cfg.host, cfg.port, keepalive=30)
+    except OSError as exc:  # refused, unreachable, TLS (ssl.SSLError is an OSError)
+        raise PublishError(f"cannot reach the broker at {cfg.host}:{cfg.port}: {exc}") from exc
     client.loop_start()
     results = 0
     best: dict[str, Any] | None = None
@@ -117,6 +128,10 @@ def watch(
             if frame is None:
                 print(f"snapshot: frame {best['frame']} not in {video}", file=out)
             else:
+                import cv2
+
+                from .annotate import draw
+
                 cv2.imwrite(str(snapshot), draw(frame, best["detections"]))
                 print(
                     f"snapshot: {snapshot} (camera {best['camera']}, frame {best['frame']}, "

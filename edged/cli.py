@@ -20,6 +20,7 @@ examples:
   edged check-config -c examples/demo.yaml  validate a config, its model and its cameras
   edged run -c examples/demo.yaml --duration 20
   edged watch -c examples/demo.yaml         print what the device publishes
+  edged watch --host broker --device orin-07 --cafile ca.crt --cert backend.crt --key backend.key
   edged telemetry                           one reading of thermals, power, GPU and memory
   edged certs ca --dir pki                  start a CA for TLS client certificates
   edged quantize PKG --calib calib.mp4 --eval eval.mp4 --out PKG-int8
@@ -67,9 +68,24 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser(
         "watch",
         help="subscribe to a device's topics and print them",
-        description="Subscribe to <topic_prefix>/<device_id>/# on the config's broker and print one line per message.",
+        description="Subscribe to <prefix>/<device>/# and print one line per message. Only broker settings are "
+        "needed: flags, or -c with any YAML that has an mqtt: section (a device config will do; its device_id is "
+        "the default --device). Flags override the file.",
+        epilog="examples:\n  edged watch --host 127.0.0.1 --device orin-07\n"
+        "  edged watch --host broker.site --port 8883 --device orin-07 --cafile pki/ca.crt \\\n"
+        "      --cert pki/backend.crt --key pki/backend.key\n  edged watch -c operator.yaml --device orin-07",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    w.add_argument("-c", "--config", required=True, type=Path)
+    w.add_argument("-c", "--config", type=Path, help="a YAML file whose mqtt section to use (and device_id, if any)")
+    w.add_argument("--device", metavar="ID", help="the device to watch (default: the config's device_id)")
+    w.add_argument("--host", help="broker host (default: the config's, else 127.0.0.1)")
+    w.add_argument("--port", type=int, help="broker port (default: the config's, else 1883; 8883 with --cafile)")
+    w.add_argument("--prefix", help="topic prefix (default: the config's, else edged)")
+    w.add_argument("--cafile", type=Path, metavar="FILE", help="TLS: the CA that signed the broker's certificate")
+    w.add_argument("--cert", type=Path, metavar="FILE", help="TLS: our client certificate (with --key)")
+    w.add_argument("--key", type=Path, metavar="FILE", help="TLS: our client key (with --cert)")
+    w.add_argument("--username", help="MQTT user name")
+    w.add_argument("--password-file", type=Path, metavar="FILE", help="a file holding the MQTT password")
     w.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
     w.add_argument("--count", type=int, metavar="N", help="stop after N results")
     w.add_argument("--only-detections", action="store_true", help="print only results that have detections")
@@ -479,12 +495,23 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from edged.daemon.config import load_config
+    from edged.daemon.config import watch_settings
     from edged.daemon.watch import watch
 
-    cfg = load_config(args.config)
+    cfg, device = watch_settings(
+        args.config,
+        device=args.device,
+        host=args.host,
+        port=args.port,
+        prefix=args.prefix,
+        cafile=args.cafile,
+        cert=args.cert,
+        key=args.key,
+        username=args.username,
+        password_file=args.password_file,
+    )
     logging.getLogger().setLevel(logging.WARNING)
-    n = watch(cfg, args.duration, args.count, args.snapshot, args.video, only_detections=args.only_detections)
+    n = watch(cfg, device, args.duration, args.count, args.snapshot, args.video, only_detections=args.only_detections)
     print(f"watch: {n} results", file=sys.stderr)
     return 0
 

@@ -39,6 +39,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from edged.daemon.backoff import Backoff
 from edged.daemon.config import MqttConfig
 from edged.daemon.ota import pack_chunk
 from edged.daemon.publish import make_client
@@ -47,6 +48,7 @@ from edged.models.package import Manifest, open_package
 from edged.models.store import read_head
 
 MAX_CHUNK = 4 << 20  # the most a device may ask for at once
+RECONNECT_MAX_S = 5.0  # the pusher's reconnect waits: full jitter up to this
 TAKE_BACK_S = 10.0  # a followed transfer silent this long while downloading: offer again and serve it
 DONE_OK = {"probation": "swap", "committed": "commit", "unchanged": "swap"}
 DONE_BAD = ("rejected", "failed", "rolled_back", "timed_out", "skipped", "offline")
@@ -98,9 +100,13 @@ class Pusher:
         self._connected = threading.Event()
         self.client = make_client(mqtt_cfg, f"edged-push-{self.transfer}")
         self.client.max_queued_messages_set(0)
-        self.client.reconnect_delay_set(1, 5)
+        # paho's own reconnect loop (loop_start) doubles a fixed delay; each wait is drawn here instead,
+        # with full jitter up to RECONNECT_MAX_S, and the count starts again once connected
+        self._reconnect = Backoff(1.0, RECONNECT_MAX_S)
+        self._jitter_reconnect()
         self.client.on_connect = self._on_connect
-        self.client.on_disconnect = lambda *a: self._connected.clear()
+        self.client.on_disconnect = self._on_disconnect
+        self.client.on_connect_fail = lambda *a: self._jitter_reconnect()
         self.client.on_message = self._on_message
         self.client.on_subscribe = self._on_subscribe
         self.host, self.port = mqtt_cfg.host, mqtt_cfg.port
@@ -124,9 +130,21 @@ class Pusher:
         self.client.loop_stop()
         shutil.rmtree(self._tmp, ignore_errors=True)
 
+    def _jitter_reconnect(self) -> None:
+        """The next reconnect wait of paho's loop: min and max set to one full-jitter draw."""
+        delay = self._reconnect.next_s()
+        self.client.reconnect_delay_set(delay, delay)  # type: ignore[arg-type]  # paho sleeps for floats too
+
+    def _on_disconnect(self, *args: Any) -> None:
+        self._connected.clear()
+        self._jitter_reconnect()
+
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
         if getattr(rc, "is_failure", False):
+            self._jitter_reconnect()
             return
+        self._reconnect.reset()
+        self._jitter_reconnect()  # the wait after the next loss: the first step again
         for topic in list(self._subs):  # again after every reconnect (a broker restart forgets them)
             client.subscribe(topic, qos=1)
         self._connected.set()

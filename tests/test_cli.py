@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 from cryptography import x509
 
 from edged.models.demo import DemoAssets
 
-from .conftest import base_config, edged_cli, wait_until, write_config
+from .conftest import base_config, edged_cli, free_port, wait_until, write_config
 
 
 def test_watch_prints_what_a_device_publishes(broker, start_daemon, demo: DemoAssets, tmp_path: Path) -> None:
@@ -28,6 +30,41 @@ def test_watch_prints_what_a_device_publishes(broker, start_daemon, demo: DemoAs
     assert not any(" 0 det " in line for line in lines)  # --only-detections
     assert snap.stat().st_size > 10_000 and "snapshot:" in run.stdout
     d.stop()
+
+
+def test_watch_needs_only_broker_flags_and_a_device(broker, start_daemon, demo: DemoAssets, tmp_path: Path) -> None:
+    """A subscriber's first hour: no config file at all (run from an empty folder), only the broker's
+    address and the device id."""
+    cam = [{"name": "cam", "uri": "synthetic://?fps=10"}]
+    d = start_daemon(write_config(tmp_path / "c.yaml", base_config(broker, demo, tmp_path, cam)))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run = subprocess.run(
+        [sys.executable, "-m", "edged", "watch", "--host", "127.0.0.1", "--port", str(broker.port),
+         "--device", "test-01", "--count", "3", "--duration", "60"],
+        capture_output=True, text=True, timeout=90, cwd=empty,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert sum(line.startswith("result  cam") for line in run.stdout.splitlines()) == 3, run.stdout
+    assert "watch: 3 results" in run.stderr
+    assert not list(empty.iterdir())
+    # -c with a file holding nothing but an mqtt section (and flags over it)
+    mq = write_config(tmp_path / "mqtt.yaml", {"mqtt": {"host": "127.0.0.1", "port": 1, "topic_prefix": "edged"}})
+    run = edged_cli("watch", "-c", str(mq), "--port", str(broker.port), "--device", "test-01", "--count", "1",
+                    "--duration", "60")  # fmt: skip
+    assert run.returncode == 0 and "watch: 1 results" in run.stderr, run.stderr
+    assert d.stop() == 0
+
+
+def test_watch_says_what_is_missing(tmp_path: Path) -> None:
+    run = edged_cli("watch", "--host", "127.0.0.1", "--count", "1")
+    assert run.returncode == 1 and "no device to watch: give --device ID" in run.stderr, run.stderr
+    run = edged_cli("watch", "--device", "d1", "--cert", "a.crt", "--key", "a.key")
+    assert run.returncode == 1 and "--cert/--key need --cafile" in run.stderr, run.stderr
+    run = edged_cli("watch", "--device", "d1", "--cafile", str(tmp_path / "none.crt"))
+    assert run.returncode == 1 and "none.crt not found" in run.stderr, run.stderr
+    run = edged_cli("watch", "--device", "d1", "--port", str(free_port()), "--duration", "1")
+    assert run.returncode == 1 and "cannot reach the broker at 127.0.0.1" in run.stderr, run.stderr
 
 
 def test_certs_cli(tmp_path: Path) -> None:
