@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -91,6 +92,7 @@ class Pusher:
         self.files = {name: pkg.root / name for name in pkg.manifest.files}
         self.total = sum(e.size for e in pkg.manifest.files.values())
         self.transfer = uuid.uuid4().hex[:16]
+        self._offers_until = 0.0  # monotonic: an offer must not outlive this pusher's wait for it
         self.reply_topic = f"{self.prefix}/_push/{self.transfer}/reply"
         self.devices: dict[str, Device] = {}
         self._lock = threading.Lock()
@@ -193,9 +195,10 @@ class Pusher:
             for suffix in ("ota/req", "ota/status", "model/state"):
                 self._subscribe(f"{self.prefix}/{dev}/{suffix}")
         self._subscribed()
+        deadline = time.monotonic() + timeout_s
+        self._offers_until = deadline
         for d in wave:
             self._offer(d)
-        deadline = time.monotonic() + timeout_s
         progress = Progress(self.out, wave)
         while True:
             with self._lock:
@@ -236,6 +239,9 @@ class Pusher:
         props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
         props.ResponseTopic = self.reply_topic
         props.CorrelationData = d.id.encode()
+        # An offer waiting in an offline device's session must not be taken after this pusher has given up
+        # (nobody would serve its chunks): the broker drops it then, and the device refuses it if it is late.
+        props.MessageExpiryInterval = max(1, math.ceil(self._offers_until - time.monotonic()))
         with self._lock:
             d.offered_at = time.monotonic()
         self.client.publish(f"{self.prefix}/{d.id}/cmd/ota", offer, qos=1, properties=props)

@@ -547,3 +547,38 @@ def test_progress_redraws_in_place_on_a_terminal_and_prints_changes_otherwise() 
     devs[1].finish("rejected", "older_version: replayed?")
     plain.draw(final=True)
     assert log.getvalue().splitlines()[-1].endswith("rejected (older_version: replayed?)")
+
+
+def test_an_offer_does_not_outlive_its_pusher(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, subscribe, start_daemon
+) -> None:
+    """A push to a device that is offline gives up after --timeout; the offer waiting in the device's session
+    expires with it (MQTT v5 Message Expiry Interval), so the device, back an hour later, does not start a
+    transfer nobody serves."""
+    import paho.mqtt.publish as publish_one
+
+    broker = Broker(tmp_path, persistence=True)
+    broker.start()
+    try:
+        cfg = write_config(tmp_path / "cam-01.yaml", device_doc(broker, demo, tmp_path, "cam-01"))
+        install(cfg, build(demo, tmp_path, signer, 1))
+        d = serving(start_daemon(cfg))  # creates the device's persistent session
+        assert d.stop() == 0
+        r = push(broker, build(demo, tmp_path, signer, 2), "--device", "cam-01", "--timeout", "2", timeout=60)
+        assert r.returncode == 1 and "timed_out" in r.stdout + r.stderr, r.stdout + r.stderr
+        # mosquitto counts expiry in whole seconds: the offer (expiry 2 s, sent at most 2 s before the push
+        # ended) is gone 1.5 s after that at the latest; the property under test is a time, so is the wait
+        gone_at = time.monotonic() + 1.5
+        sub = subscribe(broker, "edged/#")
+        wait_until(lambda: time.monotonic() >= gone_at, 5, "the offer's expiry")
+        d = serving(start_daemon(cfg))
+        # a command sent now is delivered after anything still queued in the session: its reply means the
+        # offer, had it survived, would have been answered already
+        publish_one.single("edged/cam-01/cmd/status", b"{}", qos=1, hostname=broker.host, port=broker.port,
+                           protocol=mqtt.MQTTv5)  # fmt: skip
+        wait_until(lambda: sub.on("cmd/status/reply"), 30, "the status reply")
+        assert not [m for m in sub.messages if "/_push/" in m.topic or m.topic.endswith("/ota/status")]
+        assert "edged.daemon.ota" not in d.output(), d.output()[-2000:]  # no transfer began
+        assert d.stop() == 0
+    finally:
+        broker.stop()
