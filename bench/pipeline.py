@@ -66,6 +66,7 @@ class SleepBackend:
     sleeps, as a GPU engine releases it) and returns real outputs captured from the real model."""
 
     name = "sleep"
+    cpu_bound = False  # it sleeps, as a GPU engine waits
 
     def __init__(self, outputs: dict[str, np.ndarray], inputs: list[TensorInfo], per_image_ms: float) -> None:
         self._outputs = outputs

@@ -31,6 +31,10 @@ class TensorInfo:
 
 class Backend(Protocol):
     name: str
+    # True when inference runs on this process's CPU threads: its cost is then judged on CPU time, which
+    # other processes' load does not inflate (wall time does, several-fold on a busy device); a GPU
+    # backend's cost is its wall time.
+    cpu_bound: bool
 
     @property
     def inputs(self) -> list[TensorInfo]: ...
@@ -105,6 +109,7 @@ class OnnxRuntimeBackend:
         self._inputs = [self._info(i) for i in self._session.get_inputs()]
         self._outputs = [self._info(o) for o in self._session.get_outputs()]
         self._output_names = [o.name for o in self._outputs]
+        self.cpu_bound = self._session.get_providers() == ["CPUExecutionProvider"]
         self._closed = False
 
     @staticmethod

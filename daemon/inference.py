@@ -75,6 +75,9 @@ class ActiveModel:
     name: str
     version: int
     infer_ms: Window = field(default_factory=Window)
+    # what a batch costs the model itself: CPU time on a CPU backend, else wall time (Backend.cpu_bound);
+    # probation judges latency regressions on it
+    cost_ms: Window = field(default_factory=Window)
     batches: int = 0
     errors: int = 0
 
@@ -243,7 +246,7 @@ class InferenceLoop:
         with self.cond:
             for cam, idx, _ in taken:
                 cam.release_locked(idx)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             outputs = model.backend.infer({self.spec.name: self.batch})
         except Exception:  # a loop boundary: log once with the traceback, count, drop the batch
@@ -252,6 +255,7 @@ class InferenceLoop:
         infer_ms = (time.perf_counter() - t0) * 1000.0
         model.batches += 1
         model.infer_ms.add(infer_ms)
+        model.cost_ms.add((time.process_time() - c0) * 1000.0 if model.backend.cpu_bound else infer_ms)
         self.stats.batches += 1
         self.stats.rows += len(taken)
         self.stats.padded_rows += self.spec.batch - len(taken)

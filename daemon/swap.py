@@ -236,7 +236,7 @@ class ModelManager:
         m = pkg.manifest
         old_pkg = self.package
         current = self.active
-        baseline = current.infer_ms.percentiles((50,)).get("p50")
+        baseline = current.cost_ms.percentiles((50,)).get("p50")
         mode = plan_swap(
             current.backend.memory_bytes / 2**20, estimate_mb(pkg), self._rss_mb(), self.cfg.memory.budget_mb
         )
@@ -386,11 +386,12 @@ class ModelManager:
             and cfg.probation_latency_ratio
             and a.batches >= min(LATENCY_MIN_BATCHES, max(1, cfg.probation_batches))
         ):  # judged no later than the commit could come
-            median = a.infer_ms.percentiles((50,)).get("p50", 0.0)
+            median = a.cost_ms.percentiles((50,)).get("p50", 0.0)
             if median > p.baseline_ms * cfg.probation_latency_ratio:
+                how = "CPU time" if a.backend.cpu_bound else "wall time"
                 verdict = (
                     f"latency regression: median batch {median:.1f} ms vs {p.baseline_ms:.1f} ms before "
-                    f"(over x{cfg.probation_latency_ratio:g})"
+                    f"({how}; over x{cfg.probation_latency_ratio:g})"
                 )
         if verdict:
             self.probation = None

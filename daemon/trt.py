@@ -101,6 +101,7 @@ class TensorRTBackend:
     """A deserialized engine, one execution context, one stream, buffers allocated once."""
 
     name = "tensorrt"
+    cpu_bound = False
 
     def __init__(self, engine_file: Path, compatibility: dict[str, Any], has_onnx: bool = False) -> None:
         trt, cuda = _import()

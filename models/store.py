@@ -105,7 +105,9 @@ class ModelState:
     probation_since: float | None = None
     bad: list[int] = field(default_factory=list)
     probation_boot: str | None = None  # boot id of the daemon run judging the probation; set = not stopped cleanly
-    baseline_infer_ms: float | None = None  # the replaced version's median batch time: the latency to beat
+    baseline_infer_ms: float | None = (
+        None  # the replaced version's median batch cost (CPU time on a CPU backend): to beat
+    )
 
     def to_json(self) -> bytes:
         return (json.dumps({"schema": "edged.store/1", **asdict(self)}, indent=2) + "\n").encode()

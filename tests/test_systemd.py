@@ -111,6 +111,7 @@ class StallingBackend:
     def __init__(self, inner: OnnxRuntimeBackend) -> None:
         self.inner = inner
         self.name = "stalling"
+        self.cpu_bound = inner.cpu_bound
         self.stall = threading.Event()
         self.release = threading.Event()
 
