@@ -4,9 +4,11 @@ mosquitto, real servers on 127.0.0.1 that refuse the camera."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
+import socket
 import threading
 import uuid
 from pathlib import Path
@@ -53,6 +55,31 @@ def _retained(b: Broker) -> list[str]:
     return got
 
 
+def _rtsp_refusing() -> socket.socket:
+    """An RTSP server on 127.0.0.1 that answers every request `401 Unauthorized` (edged's DESCRIBE
+    probe passes; FFmpeg's open, with the credentials, is refused)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def answer(c: socket.socket) -> None:
+        buf = b""
+        with c, contextlib.suppress(OSError):  # edged's probe hangs up after the first answer
+            while data := c.recv(4096):
+                buf += data
+                while b"\r\n\r\n" in buf:
+                    req, buf = buf.split(b"\r\n\r\n", 1)
+                    cseq = [h for h in req.split(b"\r\n") if h.lower().startswith(b"cseq")] or [b"CSeq: 1"]
+                    auth = b'WWW-Authenticate: Basic realm="x"'
+                    c.sendall(b"RTSP/1.0 401 Unauthorized\r\n" + cseq[0] + b"\r\n" + auth + b"\r\n\r\n")
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                threading.Thread(target=answer, args=(srv.accept()[0],), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
 def test_camera_credentials_reach_no_log_message_or_output(
     broker: Broker, subscribe: Any, start_daemon: Any, demo: DemoAssets, tmp_path: Path
 ) -> None:
@@ -60,11 +87,14 @@ def test_camera_credentials_reach_no_log_message_or_output(
     refusing = free_port()  # an HTTP camera that answers 401 to these credentials
     closed = free_port()  # nothing listens: an RTSP camera that is refused
     server = mjpeg_server(refusing, "--auth", "someone:else")
+    rtsp = _rtsp_refusing()  # answers, then refuses FFmpeg's open
+    rtsp_port = rtsp.getsockname()[1]
     try:
         cams = [
             {"name": "lobby", "uri": f"file://{demo.video}", "loop": True},
             {"name": "door", "uri": f"http://{user}:{secret}@127.0.0.1:{refusing}/video", "reconnect_max_s": 1},
             {"name": "gate", "uri": f"rtsp://{user}:{secret}@127.0.0.1:{closed}/cam", "reconnect_max_s": 1},
+            {"name": "porch", "uri": f"rtsp://{user}:{secret}@127.0.0.1:{rtsp_port}/cam", "reconnect_max_s": 1},
             {
                 "name": "yard",  # a Jetson's GStreamer pipeline with the camera's URL in it
                 "uri": f"gst://rtspsrc location=rtsp://{user}:{secret}@127.0.0.1:{closed}/cam ! decodebin ! appsink",
@@ -74,7 +104,9 @@ def test_camera_credentials_reach_no_log_message_or_output(
         cfg = write_config(tmp_path / "edged.yaml", base_config(broker, demo, tmp_path, cams))
         sub = subscribe(broker)
         d = start_daemon(cfg)
-        wait_until(lambda: _cameras_failed(sub, ["door", "gate", "yard"]), 60, "telemetry with the cameras' errors")
+        wait_until(
+            lambda: _cameras_failed(sub, ["door", "gate", "porch", "yard"]), 60, "telemetry with the cameras' errors"
+        )
         wait_until(lambda: bool(sub.results("lobby")), 30, "results from the working camera")
         sub.client.publish("edged/test-01/cmd/status", b"{}", qos=1)
         wait_until(lambda: bool(sub.on("cmd/status/reply")), 10, "the status reply")
@@ -89,6 +121,7 @@ def test_camera_credentials_reach_no_log_message_or_output(
     finally:
         server.terminate()
         server.wait(10)
+        rtsp.close()
 
     checked = edged_cli("check-config", "-c", str(cfg), "--no-model")
     bad_yaml = tmp_path / "bad-yaml.yaml"
@@ -118,6 +151,7 @@ def test_camera_credentials_reach_no_log_message_or_output(
     assert invalid[0].returncode == 1 and "line" in invalid[0].stderr
     assert invalid[1].returncode == 1 and f"not rstp://***@127.0.0.1:{closed}/cam" in invalid[1].stderr
     assert "HTTP 401" in log
+    assert f"127.0.0.1:{rtsp_port}" in broker_text, "the RTSP camera FFmpeg could not open named by its host"
 
 
 def test_password_from_a_file(
