@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 import cv2
 import numpy as np
@@ -33,8 +33,9 @@ from edged.errors import CaptureError
 
 from .backoff import Backoff
 from .config import CameraConfig
-from .netcam import open_http, probe_rtsp, redact
+from .netcam import open_http, probe_rtsp
 from .preprocess import Preprocessor, Transform
+from .redact import redact, scrub
 
 logger = logging.getLogger(__name__)
 
@@ -110,14 +111,31 @@ def _has_gstreamer() -> bool:
     return False
 
 
+def _with_password(cam: CameraConfig) -> str:
+    """The URI to open: with `password_file`, the file's first line goes in as the password, here and
+    only here (so the YAML holds no secret, and a rotated credential is read at the next reopen)."""
+    if cam.password_file is None:
+        return cam.uri
+    try:
+        lines = cam.password_file.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise CaptureError(f"{cam.display}: password_file: cannot read {cam.password_file}: {exc.strerror}") from exc
+    if not lines or not lines[0]:
+        raise CaptureError(f"{cam.display}: password_file {cam.password_file} is empty")
+    parts = urlsplit(cam.uri)
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{userinfo}:{quote(lines[0], safe='')}@{hostport}"))
+
+
 def open_source(cam: CameraConfig) -> Source:
-    """Open the camera's URI; raise CaptureError with the reason when it cannot be opened."""
-    uri = cam.uri
-    scheme, rest = uri.split("://", 1)
+    """Open the camera's URI; raise CaptureError with the reason when it cannot be opened. Messages
+    name the camera by its display form (`cam.display`: no credentials)."""
+    shown = cam.display
+    scheme, rest = cam.uri.split("://", 1)
     timeout_ms = int(cam.stall_timeout_s * 1000)
     net = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
     if scheme == "synthetic":
-        q = parse_qs(urlsplit(uri).query)
+        q = parse_qs(urlsplit(cam.uri).query)
         try:
             return SyntheticSource(
                 int(q.get("width", ["640"])[0]),
@@ -125,16 +143,17 @@ def open_source(cam: CameraConfig) -> Source:
                 float(q.get("fps", [str(cam.fps_max)])[0]),
             )
         except ValueError as exc:
-            raise CaptureError(f"{uri}: bad synthetic parameters: {exc}") from exc
+            raise CaptureError(f"{shown}: bad synthetic parameters: {exc}") from exc
     if scheme == "file":
         path = Path(rest)
         if not path.is_file():
-            raise CaptureError(f"{uri}: no such file")
+            raise CaptureError(f"{shown}: no such file")
         return OpenCvSource(str(path), cv2.CAP_FFMPEG, [])
     if scheme == "v4l2":
         return OpenCvSource(rest if rest.startswith("/") else "/" + rest, cv2.CAP_V4L2, [])
     # Network sources: the server must answer here, within the open timeout, before FFmpeg's open
     # (which holds a lock every other camera's open waits on) is tried; MJPEG needs no FFmpeg at all.
+    uri = _with_password(cam)
     if scheme in {"http", "https"}:
         mjpeg = open_http(uri, cam.stall_timeout_s)
         return mjpeg if mjpeg is not None else OpenCvSource(uri, cv2.CAP_FFMPEG, net)
@@ -144,12 +163,12 @@ def open_source(cam: CameraConfig) -> Source:
     if scheme in {"csi", "gst"}:
         if not _has_gstreamer():
             raise CaptureError(
-                f"{uri}: this OpenCV was built without GStreamer, which {scheme}:// needs; on a Jetson use "
+                f"{shown}: this OpenCV was built without GStreamer, which {scheme}:// needs; on a Jetson use "
                 "JetPack's OpenCV (python3-opencv) in a venv made with --system-site-packages"
             )
         if scheme == "csi":
             if not rest.isdigit():
-                raise CaptureError(f"{uri}: csi:// takes a sensor id, e.g. csi://0")
+                raise CaptureError(f"{shown}: csi:// takes a sensor id, e.g. csi://0")
             pipeline = (
                 f"nvarguscamerasrc sensor-id={rest} ! video/x-raw(memory:NVMM),framerate={round(cam.fps_max)}/1 ! "
                 "nvvidconv ! video/x-raw,format=BGRx ! videoconvert ! video/x-raw,format=BGR ! "
@@ -158,7 +177,7 @@ def open_source(cam: CameraConfig) -> Source:
         else:
             pipeline = rest
         return OpenCvSource(pipeline, cv2.CAP_GSTREAMER, [])
-    raise CaptureError(f"{uri}: unsupported scheme {scheme}://")
+    raise CaptureError(f"{shown}: unsupported scheme {scheme}://")
 
 
 class Throttle:
@@ -272,7 +291,7 @@ class Camera:
                 self.stats.reconnects += 1
             failed_before = False
             if self.stats.state != "up":
-                logger.info("camera %s: up (%s)", self.name, redact(self.cfg.uri))
+                logger.info("camera %s: up (%s)", self.name, self.cfg.display)
             self.stats.state = "up"
             self.stats.last_error = ""
             try:
@@ -302,6 +321,8 @@ class Camera:
         self.stats.state = "stopped"
 
     def _down(self, reason: str) -> None:
+        # what a library put in an exception's text (a URL it was given) must not reach the log or telemetry
+        reason = scrub(reason)
         if self.stats.state != "down":
             logger.warning("camera %s: down: %s; retrying with backoff", self.name, reason)
         self.stats.state = "down"

@@ -24,11 +24,14 @@ import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from edged.errors import ConfigError
+
+from .redact import redact, scrub
 
 ENV_PREFIX = "EDGED_"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -71,7 +74,17 @@ def _parse_yaml(text: str, path: Path) -> Any:
             "a second one would replace the first: merge them into one"
         ) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from exc
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """The parser's message with line and column but without its quote of the line: that line may hold
+    a camera URI with a password."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        for mark in (exc.context_mark, exc.problem_mark):
+            if mark is not None:
+                mark.buffer = None  # no snippet
+    return scrub(str(exc))
 
 
 class _Strict(BaseModel):
@@ -147,6 +160,7 @@ class ModelConfig(_Strict):
 class CameraConfig(_Strict):
     name: str
     uri: str
+    password_file: Path | None = None  # the URI's password, read at each open; the URI holds the user only
     fps_max: float = Field(15.0, gt=0, le=240)
     loop: bool = False
     realtime: bool = True
@@ -166,8 +180,33 @@ class CameraConfig(_Strict):
     def _uri(cls, v: str) -> str:
         scheme = v.split("://", 1)[0] if "://" in v else ""
         if scheme not in {"file", "v4l2", "rtsp", "rtsps", "http", "https", "csi", "gst", "synthetic"}:
-            raise ValueError("scheme must be one of file://, v4l2://, rtsp://, http://, csi://, gst://, synthetic://")
+            raise ValueError(
+                "scheme must be one of file://, v4l2://, rtsp://, http://, csi://, gst://, synthetic://, "
+                f"not {redact(v)}"
+            )
         return v
+
+    @model_validator(mode="after")
+    def _password_file(self) -> CameraConfig:
+        if self.password_file is None:
+            return self
+        try:
+            parts = urlsplit(self.uri)
+            user, password = parts.username, parts.password
+        except ValueError as exc:
+            raise ValueError(f"{redact(self.uri)}: not a URI with a host") from exc
+        if parts.scheme not in {"rtsp", "rtsps", "http", "https"}:
+            raise ValueError("password_file is for rtsp:// and http:// cameras")
+        if not user or password is not None:
+            raise ValueError(
+                f"with password_file the URI names the user and no password ({parts.scheme}://USER@{parts.hostname}…)"
+            )
+        return self
+
+    @property
+    def display(self) -> str:
+        """The URI as logs, messages and replies show it: no user, no password."""
+        return redact(self.uri)
 
 
 class InferenceConfig(_Strict):
@@ -321,7 +360,7 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str], path: Path) -> N
         try:
             value = yaml.load(environ[name], Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: environment variable {name}: not a YAML value: {exc}") from exc
+            raise ConfigError(f"{path}: environment variable {name}: not a YAML value: {_yaml_problem(exc)}") from exc
         node: Any = raw
         for i, key in enumerate(keys):
             last = i == len(keys) - 1
@@ -430,7 +469,12 @@ def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Confi
     model = cfg.model.model_copy(update={"package": fix(cfg.model.package), "keys_dir": fix(cfg.model.keys_dir)})
     governor = cfg.governor.model_copy(update={"sysfs_root": fix(cfg.governor.sysfs_root)})
     cameras = [
-        c.model_copy(update={"uri": "file://" + str(fix(Path(c.uri[7:])))}) if c.uri.startswith("file://") else c
+        c.model_copy(
+            update={
+                "uri": "file://" + str(fix(Path(c.uri[7:]))) if c.uri.startswith("file://") else c.uri,
+                "password_file": fix(c.password_file),
+            }
+        )
         for c in cfg.cameras
     ]
     return cfg.model_copy(

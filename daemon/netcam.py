@@ -36,23 +36,13 @@ import numpy as np
 
 from edged.errors import CaptureError
 
+from .redact import redact
+
+__all__ = ["MjpegSource", "open_http", "probe_rtsp", "redact"]
+
 MAX_PART_BYTES = 32 << 20  # a multipart part larger than this is not a camera's JPEG
 MAX_HEADER_BYTES = 16 << 10
 _HEADERS_END = re.compile(rb"\r?\n\r?\n")
-
-
-def redact(uri: str) -> str:
-    """The URI without its password (camera passwords never reach logs or messages)."""
-    try:
-        parts = urlsplit(uri)
-        if parts.password is None and parts.username is None:
-            return uri
-        host = parts.hostname or ""
-        host = f"[{host}]" if ":" in host else host
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return uri.split("://", 1)[0] + "://…"
-    return urlunsplit(parts._replace(netloc=f"***@{host}{port}"))
 
 
 def _address(uri: str, default_port: int) -> tuple[str, int]:

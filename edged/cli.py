@@ -470,6 +470,8 @@ def _check(args: argparse.Namespace) -> int:
         f"{args.config}: config valid (device {cfg.device_id}, {len(cfg.cameras)} camera(s), "
         f"broker {cfg.mqtt.host}:{cfg.mqtt.port})"
     )
+    for cam in cfg.cameras:  # the display form: no user, no password
+        print(f"camera {cam.name}: {cam.display}" + (" (password from password_file)" if cam.password_file else ""))
     if args.no_model:
         return 0
     from edged.daemon.app import resolve_package

@@ -8,12 +8,14 @@ and again instead of a numbered test card. --switch-after K --pad-to WxH changes
 mid-stream, as a camera reconfigured from its web page does: from the K-th frame of each connection
 on, every frame is the original one centred on a WxH canvas (so a face moves by the known offset
 ((W - w) // 2, (H - h) // 2) and keeps its size). --no-length leaves out each part's Content-Length
-(the part then ends at the next boundary, which some cameras rely on).
+(the part then ends at the next boundary, which some cameras rely on). --auth USER:PASS answers 401
+(Basic) to a request without those credentials.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import socketserver
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -62,6 +64,7 @@ class Handler(BaseHTTPRequestHandler):
     switch_after = 0
     pad_to: tuple[int, int] | None = None
     with_length = True
+    auth: str | None = None  # "Basic <base64 of user:pass>" that a request must carry
 
     def frame(self, n: int) -> bytes:
         img = card(n) if self.image is None else self.image
@@ -70,6 +73,12 @@ class Handler(BaseHTTPRequestHandler):
         return encode(img)
 
     def do_GET(self) -> None:
+        if self.auth is not None and self.headers.get("Authorization") != self.auth:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="camera"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self.send_response(200)
         self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
         self.end_headers()
@@ -106,6 +115,7 @@ if __name__ == "__main__":
     ap.add_argument("--switch-after", type=int, default=0)
     ap.add_argument("--pad-to", help="WxH: from --switch-after on, frames centred on a canvas this size")
     ap.add_argument("--no-length", action="store_true")
+    ap.add_argument("--auth", help="USER:PASS: answer 401 without these Basic credentials")
     a = ap.parse_args()
     Handler.fps, Handler.hang_after = a.fps, a.hang_after
     Handler.image = still(a.still) if a.still else None
@@ -114,4 +124,5 @@ if __name__ == "__main__":
         w, h = a.pad_to.lower().split("x")
         Handler.pad_to = (int(w), int(h))
     Handler.with_length = not a.no_length
+    Handler.auth = "Basic " + base64.b64encode(a.auth.encode()).decode() if a.auth else None
     Server(("127.0.0.1", a.port), Handler).serve_forever()
