@@ -116,6 +116,8 @@ class MqttConfig(_Strict):
     tls: TlsConfig | None = None
     session_expiry_s: int = Field(3600, ge=0, le=2**32 - 1)
     max_inflight: int = Field(100, ge=1, le=65_000)
+    # reconnect waits: random (full jitter) up to a bound that doubles from 1 s to this
+    reconnect_max_s: float = Field(60.0, ge=1.0, le=3600.0)
 
     @field_validator("topic_prefix")
     @classmethod

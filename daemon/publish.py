@@ -296,7 +296,8 @@ class Publisher:
 
     # --- the network thread ------------------------------------------------------------------------
     def _network(self) -> None:
-        backoff = Backoff(1.0, MAX_BACKOFF_S)  # full jitter: after a broker restart a fleet does not knock in step
+        # full jitter: after a broker restart a fleet does not knock in step
+        backoff = Backoff(1.0, self.cfg.reconnect_max_s)
         first = True
         socket_open = had_connack = False
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]

@@ -146,7 +146,8 @@ def test_cameras_that_die_reconnect_while_others_keep_serving(
         n_door, n_ip = count("door"), count("ip")
         wait_until(lambda: count("door") > n_door + 5 and count("ip") > n_ip + 5, 30, "both cameras back")
         wait_until(lambda: telemetry_camera("door").get("reconnects", 0) >= 1, 10, "reconnect counted")
-        assert telemetry_camera("ip")["reconnects"] >= 1
+        # a telemetry message newer than the ip camera's reopen (the door's can be older: reopens are jittered)
+        wait_until(lambda: telemetry_camera("ip").get("reconnects", 0) >= 1, 10, "the ip reconnect counted")
         assert d.stop() == 0
     finally:
         server.kill()
