@@ -62,7 +62,7 @@ def test_importing_every_daemon_module_loads_no_build_tools() -> None:
 def test_operator_tools_load_no_device_runtime() -> None:
     """`edged watch` and `edged push` send and read bytes: no OpenCV or ONNX Runtime (STYLE.md)."""
     code = (
-        "import sys, edged.daemon.watch, edged.push\n"
+        "import sys, edged.cli.watch, edged.deploy.push\n"
         "bad = [m for m in ('cv2', 'onnxruntime', 'tensorrt') if m in sys.modules]\n"
         "print(bad); sys.exit(1 if bad else 0)\n"
     )

@@ -366,9 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.verb == "model" and args.model_verb == "fetch-demo":
             return _fetch_demo(args)
         if args.verb == "model":
-            from edged import model_cli
+            from edged.cli import model
 
-            return model_cli.run(args)
+            return model.run(args)
         if args.verb == "bundle" and args.bundle_verb == "verify":
             from edged.deploy.bundle import verify_bundle
 
@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _push(args: argparse.Namespace) -> int:
     from edged.daemon.config import MqttConfig, load_mqtt_config
-    from edged.push import run_push
+    from edged.deploy.push import run_push
 
     if not args.device and not args.group:
         print("edged push: error: name the devices (--device ID, repeatable) or a --group", file=sys.stderr)
@@ -498,7 +498,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _watch(args: argparse.Namespace) -> int:
     from edged.daemon.config import watch_settings
-    from edged.daemon.watch import watch
+    from edged.cli.watch import watch
 
     cfg, device = watch_settings(
         args.config,
