@@ -1,91 +1,55 @@
-"""``edged model pack|sign|verify|install|list|rollback``: the package tools and the device's store."""
+"""``edged model …``: the package tools (pack, sign, golden); the device's store and the demo models have
+modules of their own (``edged.cli.store``, ``edged.cli.demo``) that add their verbs to this group."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
-from edged.errors import PackageError, StateDirError
-from edged.models.compat import detect
-from edged.models.package import open_package, pack_tar, verify_folder
-from edged.models.signing import SIG_FILE, TrustStore, load_signing_key
-from edged.models.store import Store, read_head
+from edged.cli import demo, store
 
 
-def _recover_unless_served(store: Store, state_dir: Path) -> None:
-    """What a start of the daemon does (a consistent store, staging wiped), but only when no daemon holds
-    the state directory's lock: a running one recovered the store at its start, and its staging/ may hold
-    an over-the-air transfer being installed right now."""
-    from edged.daemon.startup import StateLock
-
-    try:
-        lock = StateLock(state_dir)
-    except StateDirError as exc:
-        if exc.code != "locked":  # a read-only look (`edged model list` as another user): nothing to recover
-            print(f"store: not recovered: {exc}", file=sys.stderr)
-        return
-    try:
-        for line in store.recover():
-            print(f"store: {line}", file=sys.stderr)
-    finally:
-        lock.release()
-
-
-def run(args: argparse.Namespace) -> int:
-    verb = args.model_verb
-    if verb == "pack":
-        return _pack(args)
-    if verb == "sign":
-        return _sign(args)
-    if verb == "golden":
-        return _golden(args)
-    from edged.daemon.config import load_config
-
-    cfg = load_config(args.config)
-    store = Store(cfg.state_dir, keep=cfg.model.keep_versions)
-    _recover_unless_served(store, cfg.state_dir)
-    if verb == "list":
-        return _list(store, args.json)
-    if verb == "rollback":
-        name = args.name or cfg.model.name
-        if name is None:
-            raise PackageError("which model? give its name (the config uses model.package, not the store)")
-        cur = store.pointer(name, "current")
-        if args.if_probation and (cur is None or store.state(name).pending != cur):
-            # exit 1: edged-rollback.service then skips its restart, and a daemon that crash-loops on
-            # a model that already passed probation stays stopped for someone to look at
-            print(f"model {name}: current version {cur} is not on probation; nothing rolled back", file=sys.stderr)
-            return 1
-        if args.if_probation and not store.probation_blames(name):
-            # the failed starts never got as far as the model (a bad config, a locked or unwritable state dir)
-            print(
-                f"model {name}: {cur} is on probation, but no run died with it loaded; nothing rolled back",
-                file=sys.stderr,
-            )
-            return 1
-        was, now = store.rollback(name)
-        print(f"model {name}: rolled back from {was} (marked bad) to {now}")
-        return 0
-    trust = TrustStore.load(cfg.model.keys_dir)
-    if not trust.keys:
-        raise PackageError(
-            f"model.keys_dir {cfg.model.keys_dir}: no *.pub keys, so no package can be trusted", code="unknown_key"
-        )
-    if verb == "verify":
-        return _verify(store, trust, args.package)
-    done = store.install(args.package, trust, progress=lambda m: print(f"install: {m}"))
-    if done.status == "unchanged":
-        print(f"model {done.name}@{done.version}: already installed; nothing to do")
-    else:
-        print(f"model {done.name}@{done.version}: installed, current (on probation); previous {done.previous}")
-    return 0
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    model = sub.add_parser(
+        "model", help="model packages: pack, sign, verify, fetch-demo; the device store: install, list, rollback"
+    )
+    msub = model.add_subparsers(dest="model_verb", metavar="MODEL_VERB", required=True)
+    mp = msub.add_parser(
+        "pack",
+        help="a package folder -> one tar (signed with --key)",
+        description="Check a package folder (manifest.json and every file it lists, sizes and hashes) and "
+        "write a tar: manifest.json, manifest.sig, then the files. The same folder gives the same bytes.",
+    )
+    mp.add_argument("folder", type=Path)
+    mp.add_argument("--out", type=Path, required=True, help="the .tar to write")
+    mp.add_argument("--key", type=Path, help="private key (edged keys generate) to sign with")
+    mp.set_defaults(func=_pack)
+    ms = msub.add_parser("sign", help="sign a package folder or tar in place (adds or replaces manifest.sig)")
+    ms.add_argument("package", type=Path)
+    ms.add_argument("--key", type=Path, required=True)
+    ms.set_defaults(func=_sign)
+    store.add_parsers(msub)  # verify, install, list, rollback
+    demo.add_parsers(msub)  # fetch-demo
+    mg = msub.add_parser(
+        "golden",
+        help="add a golden input/output pair to a package folder (checked at every swap)",
+        description="Run the package's model (ONNX Runtime) on an image, preprocessed as the daemon does, and "
+        "store that batch (golden_input.npy) and the outputs (golden_output.npz) in the package folder, named "
+        "in manifest.json. A device loads a new version, runs the golden input and refuses to activate it "
+        "unless every output is within atol + rtol * |expected|. The manifest changes, so sign again after.",
+    )
+    mg.add_argument("folder", type=Path, help="an unpacked package folder (its manifest.sig is removed)")
+    mg.add_argument("--image", type=Path, required=True, help="a representative frame (JPEG/PNG)")
+    mg.add_argument("--atol", type=float, default=1e-3, help="absolute tolerance (default 1e-3)")
+    mg.add_argument("--rtol", type=float, default=1e-2, help="relative tolerance (default 1e-2)")
+    mg.set_defaults(func=_golden)
 
 
 def _pack(args: argparse.Namespace) -> int:
+    from edged.models.package import pack_tar, verify_folder
+    from edged.models.signing import load_signing_key
+
     pkg = verify_folder(args.folder)
     sig = load_signing_key(args.key).sign(pkg.manifest_bytes) if args.key else None
     pack_tar(pkg, args.out, sig)
@@ -99,7 +63,9 @@ def _golden(args: argparse.Namespace) -> int:
 
     from edged.daemon.backend import OnnxRuntimeBackend
     from edged.daemon.preprocess import Preprocessor
-    from edged.models.package import write_package
+    from edged.errors import PackageError
+    from edged.models.package import verify_folder, write_package
+    from edged.models.signing import SIG_FILE
 
     pkg = verify_folder(args.folder)
     m = pkg.manifest
@@ -139,6 +105,9 @@ def _golden(args: argparse.Namespace) -> int:
 
 
 def _sign(args: argparse.Namespace) -> int:
+    from edged.models.package import open_package, pack_tar, verify_folder
+    from edged.models.signing import SIG_FILE, load_signing_key
+
     key = load_signing_key(args.key)
     if args.package.is_dir():
         pkg = verify_folder(args.package)
@@ -148,53 +117,4 @@ def _sign(args: argparse.Namespace) -> int:
             pkg = open_package(args.package, scratch=Path(tmp))
             pack_tar(pkg, args.package, key.sign(pkg.manifest_bytes))
     print(f"sign: {pkg.ref} signed with key {key.key_id}")
-    return 0
-
-
-def _verify(store: Store, trust: TrustStore, package: Path) -> int:
-    manifest_bytes, sig_bytes = read_head(package)
-    offer = store.check_offer(manifest_bytes, sig_bytes, trust, str(package), detect())
-    with tempfile.TemporaryDirectory() as tmp:
-        open_package(package, scratch=Path(tmp))  # every file's size and hash
-    m = offer.manifest
-    what = "already installed (a no-op)" if offer.same_version else "would install"
-    print(f"verify: {m.name}@{m.version} signed by {offer.key_id}: every check passed; {what}")
-    return 0
-
-
-def _list(store: Store, as_json: bool) -> int:
-    out: list[dict[str, Any]] = []
-    for name in store.names():
-        st = store.state(name)
-        out.append(
-            {
-                "name": name,
-                "versions": store.versions(name),
-                "current": store.pointer(name, "current"),
-                "previous": store.pointer(name, "previous"),
-                "probation": st.pending,
-                "bad": st.bad,
-                "highest_accepted": st.highest_accepted,
-            }
-        )
-    if as_json:
-        print(json.dumps(out, indent=2))
-        return 0
-    if not out:
-        print(f"no models in {store.root}")
-    for m in out:
-        marks = []
-        for v in m["versions"]:
-            tags = [
-                t
-                for t, on in (
-                    ("current", v == m["current"]),
-                    ("previous", v == m["previous"]),
-                    ("probation", v == m["probation"]),
-                    ("bad", v in m["bad"]),
-                )
-                if on
-            ]
-            marks.append(f"{v}" + (f" ({', '.join(tags)})" if tags else ""))
-        print(f"{m['name']}: " + ", ".join(marks))
     return 0

@@ -129,7 +129,7 @@ def watch(
             else:
                 import cv2
 
-                from .annotate import draw
+                from edged.daemon.annotate import draw
 
                 cv2.imwrite(str(snapshot), draw(frame, best["detections"]))
                 print(
