@@ -1,4 +1,4 @@
-"""edged.deploy: bundles, the OTA push client and signing keys.
+"""edged.deploy: bundles, certificates, and the OTA push client (`edged push`).
 
-Empty so far; the device runtime never imports it.
+The device runtime never imports it.
 """

@@ -1,7 +1,8 @@
 """edged: an inference daemon for Jetson-class edge devices.
 
-The import root holds only the CLI and the exception tree; the product's parts are
-`edged.daemon`, `edged.models`, `edged.quantize` and `edged.deploy` (DESIGN.md §1).
+The import root holds only the exception tree (`edged.errors`) and the version; the product's parts are
+`edged.daemon`, `edged.models`, `edged.quantize`, `edged.deploy` and the `edged` command, `edged.cli`
+(DESIGN.md §1).
 """
 
 __version__ = "0.1.0"

@@ -7,12 +7,44 @@ import subprocess
 import sys
 from pathlib import Path
 
+import edged.cli
 import edged.daemon
 import edged.deploy
 import edged.models
 import edged.quantize
 
 from .conftest import REPO
+
+# DESIGN.md §1, "may import": for each top-level folder, the `edged.*` modules its files may import
+# (a prefix covers its submodules). Every part may import the exception tree and the version. The folder
+# itself is always allowed; so is `edged.protocol` where the table says so, before and after it exists.
+SHARED = ("edged.errors", "edged.__version__")
+MAY_IMPORT: dict[str, tuple[str, ...]] = {
+    "daemon": ("edged.daemon", "edged.models", "edged.protocol"),
+    "models": ("edged.models",),
+    "protocol": ("edged.protocol",),
+    # the daemon's preprocessing, decoders and backends (today backend.py and trt.py; backends/ once they
+    # have a wing of their own), so that a quantized model is judged by the code that will run it
+    "quantize": (
+        "edged.quantize",
+        "edged.models",
+        "edged.daemon.preprocess",
+        "edged.daemon.decoders",
+        "edged.daemon.backend",
+        "edged.daemon.backends",
+        "edged.daemon.trt",
+    ),
+    "deploy": ("edged.deploy", "edged.models", "edged.protocol"),
+    "cli": ("edged",),  # everything
+}
+# Imports the table forbids that the code still has, each with what removes it. The test fails when a new
+# one appears and when one listed here is gone (then delete its line).
+KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
+    ("deploy/push.py", "edged.daemon.backoff"): "push speaks edged.protocol (issue 13, part 1)",
+    ("deploy/push.py", "edged.daemon.config"): "push speaks edged.protocol (issue 13, part 1)",
+    ("deploy/push.py", "edged.daemon.ota"): "push speaks edged.protocol (issue 13, part 1)",
+    ("deploy/push.py", "edged.daemon.publish"): "push speaks edged.protocol (issue 13, part 1)",
+}
 
 
 def test_parts_come_from_their_top_level_folders() -> None:
@@ -21,20 +53,80 @@ def test_parts_come_from_their_top_level_folders() -> None:
         (edged.models, "models"),
         (edged.quantize, "quantize"),
         (edged.deploy, "deploy"),
+        (edged.cli, "cli"),
     ]:
         assert Path(mod.__file__ or "").resolve().parent == REPO / folder
 
 
-def _imports(folder: Path) -> set[str]:
+def test_the_import_root_keeps_only_the_exception_tree_and_the_version() -> None:
+    """DESIGN §1: `edged/` is what every part shares; the `edged` command lives in cli/. `__main__` stays
+    for `python -m edged run …` (the tests and the systemd unit use it) and only hands over to edged.cli."""
+    found = {p.name for p in (REPO / "edged").iterdir() if p.name != "__pycache__"}
+    assert found == {"__init__.py", "__main__.py", "errors.py"}, found
+    assert _imports_by_file(REPO / "edged" / "__init__.py", "edged") == set()
+    assert _imports_by_file(REPO / "edged" / "errors.py", "edged") == set()
+    assert _imports_by_file(REPO / "edged" / "__main__.py", "edged") == {"edged.cli"}
+
+
+def _imports_by_file(py: Path, package: str) -> set[str]:
+    """The `edged.*` modules one file imports, anywhere in it (inside functions and TYPE_CHECKING too),
+    relative imports resolved against `package` (the file's own package)."""
     found: set[str] = set()
-    for py in folder.rglob("*.py"):
-        tree = ast.parse(py.read_text(), str(py))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                found.add(node.module)
-            elif isinstance(node, ast.Import):
-                found.update(a.name for a in node.names)
-    return found
+    for node in ast.walk(ast.parse(py.read_text(), str(py))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            found.add(module)
+            # `from edged.daemon import config`: a name that is a module of ours counts as one
+            found.update(f"{module}.{a.name}" for a in node.names if _is_module(f"{module}.{a.name}"))
+    return {m for m in found if m == "edged" or m.startswith("edged.")} - {"edged"}
+
+
+def _is_module(module: str) -> bool:
+    """An `edged.*` module or package of this repository (`edged.daemon` is the folder daemon/, DESIGN §1)."""
+    parts = module.split(".")
+    if parts[0] != "edged" or len(parts) < 2:
+        return False
+    path = REPO.joinpath(*parts[1:]) if parts[1] in MAY_IMPORT else REPO.joinpath("edged", *parts[1:])
+    return (path / "__init__.py").is_file() or path.with_suffix(".py").is_file()
+
+
+def _package_of(py: Path) -> str:
+    rel = py.relative_to(REPO).with_suffix("").parts
+    folder, inner = rel[0], rel[1:-1]
+    return ".".join(("edged", folder, *inner)) if folder != "edged" else "edged"
+
+
+def _violations() -> set[tuple[str, str]]:
+    bad: set[tuple[str, str]] = set()
+    for folder, allowed in MAY_IMPORT.items():
+        for py in sorted((REPO / folder).rglob("*.py")) if (REPO / folder).is_dir() else []:
+            for module in _imports_by_file(py, _package_of(py)):
+                if not any(module == p or module.startswith(p + ".") for p in (*allowed, *SHARED)):
+                    bad.add((str(py.relative_to(REPO)), module))
+    return bad
+
+
+def test_each_part_imports_only_what_design_allows() -> None:
+    found = _violations()
+    new = sorted(found - KNOWN_VIOLATIONS.keys())
+    gone = sorted(KNOWN_VIOLATIONS.keys() - found)
+    assert not new, f"imports DESIGN.md §1 forbids (file, module): {new}"
+    assert not gone, f"fixed, so delete them from KNOWN_VIOLATIONS: {gone}"
+
+
+def test_the_rule_checker_sees_relative_and_lazy_imports(tmp_path: Path) -> None:
+    """The checker itself: a relative import that leaves the part, and one inside a function, both count."""
+    py = tmp_path / "x.py"
+    py.write_text("from ..daemon import config\nfrom .sibling import y\ndef f():\n    import edged.quantize.tool\n")
+    assert _imports_by_file(py, "edged.deploy") == {"edged.daemon", "edged.daemon.config", "edged.deploy.sibling",
+                                                    "edged.quantize.tool"}  # fmt: skip
 
 
 def test_daemon_source_never_imports_build_tools() -> None:
@@ -42,9 +134,8 @@ def test_daemon_source_never_imports_build_tools() -> None:
     assert not bad, f"edged.daemon imports {bad}"
 
 
-def test_models_imports_nothing_of_ours_but_errors() -> None:
-    ours = {m for m in _imports(REPO / "models") if m.startswith("edged.") and not m.startswith("edged.models")}
-    assert ours <= {"edged.errors"}, ours
+def _imports(folder: Path) -> set[str]:
+    return {m for py in folder.rglob("*.py") for m in _imports_by_file(py, _package_of(py))}
 
 
 def test_importing_every_daemon_module_loads_no_build_tools() -> None:
@@ -60,10 +151,27 @@ def test_importing_every_daemon_module_loads_no_build_tools() -> None:
 
 
 def test_operator_tools_load_no_device_runtime() -> None:
-    """`edged watch` and `edged push` send and read bytes: no OpenCV or ONNX Runtime (STYLE.md)."""
+    """`edged watch` and `edged push` send and read bytes: no OpenCV or ONNX Runtime (STYLE.md). Both the
+    modules and the verbs as `main` runs them (each stops at a usage error after its handler's imports)."""
     code = (
-        "import sys, edged.daemon.watch, edged.push\n"
+        "import sys, edged.cli.watch, edged.deploy.push\n"
+        "from edged.cli import main\n"
+        "assert main(['push', 'none.tar']) == 2  # no --device or --group\n"
+        "assert main(['watch', '--host', '127.0.0.1', '--count', '1']) == 1  # no device id\n"
         "bad = [m for m in ('cv2', 'onnxruntime', 'tensorrt') if m in sys.modules]\n"
+        "print(bad); sys.exit(1 if bad else 0)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_the_command_line_loads_no_part_until_a_verb_runs() -> None:
+    """`edged --help` and the generated CLI reference build the parser only: every verb's handler imports
+    its part when it runs, so building the parser loads none of them (nor paho, pydantic, numpy)."""
+    code = (
+        "import sys\nfrom edged.cli import build_parser\nbuild_parser()\n"
+        "parts = ('edged.daemon', 'edged.models', 'edged.quantize', 'edged.deploy', 'edged.protocol')\n"
+        "bad = [m for m in sys.modules if m.startswith(parts) or m.split('.')[0] in ('paho', 'pydantic', 'numpy')]\n"
         "print(bad); sys.exit(1 if bad else 0)\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

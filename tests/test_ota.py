@@ -528,7 +528,7 @@ class _Tty(io.StringIO):
 
 
 def test_progress_redraws_in_place_on_a_terminal_and_prints_changes_otherwise() -> None:
-    from edged.push import Device, Progress
+    from edged.deploy.push import Device, Progress
 
     devs = [Device("orin-07", total=4 << 20), Device("orin-08", total=4 << 20)]
     tty = _Tty()

@@ -21,10 +21,9 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from edged.daemon.config import MqttConfig
+from edged.daemon.publish import make_client
 from edged.errors import PublishError
-
-from .config import MqttConfig
-from .publish import make_client
 
 if TYPE_CHECKING:
     import numpy as np
@@ -130,7 +129,7 @@ def watch(
             else:
                 import cv2
 
-                from .annotate import draw
+                from edged.daemon.annotate import draw
 
                 cv2.imwrite(str(snapshot), draw(frame, best["detections"]))
                 print(

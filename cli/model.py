@@ -1,0 +1,120 @@
+"""``edged model …``: the package tools (pack, sign, golden); the device's store and the demo models have
+modules of their own (``edged.cli.store``, ``edged.cli.demo``) that add their verbs to this group."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from edged.cli import demo, store
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    model = sub.add_parser(
+        "model", help="model packages: pack, sign, verify, fetch-demo; the device store: install, list, rollback"
+    )
+    msub = model.add_subparsers(dest="model_verb", metavar="MODEL_VERB", required=True)
+    mp = msub.add_parser(
+        "pack",
+        help="a package folder -> one tar (signed with --key)",
+        description="Check a package folder (manifest.json and every file it lists, sizes and hashes) and "
+        "write a tar: manifest.json, manifest.sig, then the files. The same folder gives the same bytes.",
+    )
+    mp.add_argument("folder", type=Path)
+    mp.add_argument("--out", type=Path, required=True, help="the .tar to write")
+    mp.add_argument("--key", type=Path, help="private key (edged keys generate) to sign with")
+    mp.set_defaults(func=_pack)
+    ms = msub.add_parser("sign", help="sign a package folder or tar in place (adds or replaces manifest.sig)")
+    ms.add_argument("package", type=Path)
+    ms.add_argument("--key", type=Path, required=True)
+    ms.set_defaults(func=_sign)
+    store.add_parsers(msub)  # verify, install, list, rollback
+    demo.add_parsers(msub)  # fetch-demo
+    mg = msub.add_parser(
+        "golden",
+        help="add a golden input/output pair to a package folder (checked at every swap)",
+        description="Run the package's model (ONNX Runtime) on an image, preprocessed as the daemon does, and "
+        "store that batch (golden_input.npy) and the outputs (golden_output.npz) in the package folder, named "
+        "in manifest.json. A device loads a new version, runs the golden input and refuses to activate it "
+        "unless every output is within atol + rtol * |expected|. The manifest changes, so sign again after.",
+    )
+    mg.add_argument("folder", type=Path, help="an unpacked package folder (its manifest.sig is removed)")
+    mg.add_argument("--image", type=Path, required=True, help="a representative frame (JPEG/PNG)")
+    mg.add_argument("--atol", type=float, default=1e-3, help="absolute tolerance (default 1e-3)")
+    mg.add_argument("--rtol", type=float, default=1e-2, help="relative tolerance (default 1e-2)")
+    mg.set_defaults(func=_golden)
+
+
+def _pack(args: argparse.Namespace) -> int:
+    from edged.models.package import pack_tar, verify_folder
+    from edged.models.signing import load_signing_key
+
+    pkg = verify_folder(args.folder)
+    sig = load_signing_key(args.key).sign(pkg.manifest_bytes) if args.key else None
+    pack_tar(pkg, args.out, sig)
+    print(f"pack: {pkg.ref} -> {args.out}" + (" (signed)" if sig else " (unsigned: devices refuse it until signed)"))
+    return 0
+
+
+def _golden(args: argparse.Namespace) -> int:
+    import cv2
+    import numpy as np
+
+    from edged.daemon.backend import OnnxRuntimeBackend
+    from edged.daemon.preprocess import Preprocessor
+    from edged.errors import PackageError
+    from edged.models.package import verify_folder, write_package
+    from edged.models.signing import SIG_FILE
+
+    pkg = verify_folder(args.folder)
+    m = pkg.manifest
+    if m.kind != "onnx":
+        raise PackageError(f"{pkg.ref}: golden pairs are made here for ONNX packages; make an engine's on a device")
+    frame = cv2.imread(str(args.image), cv2.IMREAD_COLOR)
+    if frame is None:
+        raise PackageError(f"{args.image}: not an image OpenCV can read", code="not_found")
+    pre = Preprocessor(m.input)
+    row = pre.new_row()
+    pre.run(frame, row)
+    batch = np.ascontiguousarray(np.broadcast_to(row, m.input.shape), dtype=m.input.dtype)
+    with OnnxRuntimeBackend(pkg.model_path, threads=1) as backend:
+        outputs = backend.infer({m.input.name: batch})
+    with open(args.folder / "golden_input.npy", "wb") as f:
+        np.save(f, batch, allow_pickle=False)
+    with open(args.folder / "golden_output.npz", "wb") as f:
+        np.savez(f, **outputs)  # type: ignore[arg-type]
+    fields = m.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
+    fields["golden"] = {
+        "input": "golden_input.npy",
+        "output": "golden_output.npz",
+        "atol": args.atol,
+        "rtol": args.rtol,
+    }
+    files = {name: args.folder / name for name in m.files} | {
+        "golden_input.npy": args.folder / "golden_input.npy",
+        "golden_output.npz": args.folder / "golden_output.npz",
+    }
+    (args.folder / SIG_FILE).unlink(missing_ok=True)  # the manifest changes: its old signature would not verify
+    new = write_package(args.folder, fields, files)
+    print(
+        f"golden: {new.ref}: {len(outputs)} outputs for {args.image.name} (atol {args.atol:g}, rtol {args.rtol:g}); "
+        "sign the package again"
+    )
+    return 0
+
+
+def _sign(args: argparse.Namespace) -> int:
+    from edged.models.package import open_package, pack_tar, verify_folder
+    from edged.models.signing import SIG_FILE, load_signing_key
+
+    key = load_signing_key(args.key)
+    if args.package.is_dir():
+        pkg = verify_folder(args.package)
+        (args.package / SIG_FILE).write_bytes(key.sign(pkg.manifest_bytes))
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            pkg = open_package(args.package, scratch=Path(tmp))
+            pack_tar(pkg, args.package, key.sign(pkg.manifest_bytes))
+    print(f"sign: {pkg.ref} signed with key {key.key_id}")
+    return 0
