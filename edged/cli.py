@@ -343,6 +343,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+build_parser = _parser  # the public name (scripts/gen_docs.py builds the CLI reference and man page from it)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from edged.daemon.systemd import log_handler
