@@ -146,3 +146,34 @@ def test_the_man_page_renders() -> None:
     assert out.returncode == 0, out.stderr
     assert "edged run" in out.stdout and "--config" in out.stdout
     assert "warning" not in out.stderr.lower(), out.stderr
+
+
+def test_the_example_config_shows_every_key_with_the_codes_default() -> None:
+    """examples/edged.example.yaml is the third place defaults are written: every key is in it (commented
+    out where it is an alternative), and every value it sets is the code's default, except the keys a
+    config must fill in."""
+    import yaml
+
+    text = (REPO / "examples" / "edged.example.yaml").read_text(encoding="utf-8")
+    doc = yaml.safe_load(text)
+    filled_in = {"model.package"}  # one of model.package / model.name must be set
+    missing, differ = [], []
+    for path, field in gen_docs.config_keys():
+        node = doc
+        for part in path.split("."):
+            node = node.get(part.removesuffix("[]"), KeyError) if isinstance(node, dict) else KeyError
+            node = node[0] if part.endswith("[]") and isinstance(node, list) else node
+        leaf = path.rsplit(".", 1)[-1].removesuffix("[]")
+        if node is KeyError:
+            if not re.search(rf"^\s*#?\s*-?\s*{re.escape(leaf)}:", text, re.MULTILINE):
+                missing.append(path)
+            continue
+        if field.is_required() or path in filled_in or isinstance(node, dict):
+            continue
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, Path):
+            default = str(default)
+        if node != default:
+            differ.append(f"{path}: example {node!r}, code {default!r}")
+    assert not missing, f"keys missing from the example: {missing}"
+    assert not differ, differ
