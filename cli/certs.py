@@ -12,7 +12,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "certs",
         help="a small CA for the broker and the devices (TLS client certificates)",
         description="Make a CA, server and device certificates, revoke them, renew the CRL, and say what "
-        "expires when (see systemd/mosquitto/ and README, Broker security).",
+        "expires when (see systemd/mosquitto/ and docs/operator.md, Broker security).",
     )
     csub = certs.add_subparsers(dest="certs_verb", metavar="CERTS_VERB", required=True)
     c_ca = csub.add_parser("ca", help="make ca.crt, ca.key and an empty crl.pem in --dir")
@@ -97,6 +97,6 @@ def _status(args: argparse.Namespace) -> int:
         print(e.line(now, warn_days))
     due = [e for e in found if e.needs_action(now, warn_days)]
     for e in due:
-        fix = f"edged certs crl --dir {folder}" if e.what == "CRL" else "issue it again (README, Broker security)"
+        fix = f"edged certs crl --dir {folder}" if e.what == "CRL" else "issue it again (docs/operator.md)"
         print(f"certs: {e.path} ({e.what}) ends within {warn_days} days or has ended: {fix}", file=sys.stderr)
     return 1 if due else 0

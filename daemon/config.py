@@ -92,10 +92,10 @@ class _Strict(BaseModel):
 
 
 class TlsConfig(_Strict):
-    ca_file: Path
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    insecure_skip_hostname: bool = False
+    ca_file: Path = Field(description="the CA that signed the broker's certificate")
+    cert_file: Path | None = Field(None, description="the client certificate (with key_file)")
+    key_file: Path | None = Field(None, description="the client certificate's key (with cert_file)")
+    insecure_skip_hostname: bool = Field(False, description="skip the broker hostname check")
 
     @model_validator(mode="after")
     def _pair(self) -> TlsConfig:
@@ -105,19 +105,32 @@ class TlsConfig(_Strict):
 
 
 class MqttConfig(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(1883, ge=1, le=65535)
-    topic_prefix: str = "edged"
-    client_id: str | None = None
-    qos: Literal[0, 1] = 1
-    keepalive_s: int = Field(30, ge=5, le=3600)
-    username: str | None = None
-    password_file: Path | None = None
-    tls: TlsConfig | None = None
-    session_expiry_s: int = Field(3600, ge=0, le=2**32 - 1)
-    max_inflight: int = Field(100, ge=1, le=65_000)
-    # reconnect waits: random (full jitter) up to a bound that doubles from 1 s to this
-    reconnect_max_s: float = Field(60.0, ge=1.0, le=3600.0)
+    host: str = Field("127.0.0.1", description="the broker's host")
+    port: int = Field(1883, ge=1, le=65535, description="the broker's port")
+    topic_prefix: str = Field("edged", description="topics are <topic_prefix>/<device_id>/...")
+    client_id: str | None = Field(None, description="MQTT client id; none means edged-<device_id>")
+    qos: Literal[0, 1] = Field(1, description="QoS of results; status is always QoS 1")
+    keepalive_s: int = Field(30, ge=5, le=3600, description="MQTT keepalive")
+    username: str | None = Field(None, description="MQTT user name")
+    password_file: Path | None = Field(
+        None, description="the MQTT password, read from this file (e.g. under $CREDENTIALS_DIRECTORY), never the YAML"
+    )
+    tls: TlsConfig | None = Field(None, description="TLS to the broker; none means plain TCP")
+    session_expiry_s: int = Field(
+        3600,
+        ge=0,
+        le=2**32 - 1,
+        description="MQTT v5 Session Expiry Interval: the session (command subscription, unacknowledged "
+        "messages) outlives a disconnect this long (clean_start is false)",
+    )
+    max_inflight: int = Field(100, ge=1, le=65_000, description="QoS 1 messages sent and not yet acknowledged, at most")
+    reconnect_max_s: float = Field(
+        60.0,
+        ge=1.0,
+        le=3600.0,
+        description="reconnect waits after a lost or refused connection: random (full jitter) up to a bound that "
+        "doubles from 1 s to this, so a fleet never reconnects in step",
+    )
 
     @field_validator("topic_prefix")
     @classmethod
@@ -128,29 +141,57 @@ class MqttConfig(_Strict):
 
 
 class SpoolConfig(_Strict):
-    max_mb: float = Field(256.0, gt=0, le=1_000_000)
-    max_age_s: float = Field(7 * 86400.0, gt=0)
-    commit_interval_ms: float = Field(200.0, ge=1, le=10_000)
+    max_mb: float = Field(
+        256.0,
+        gt=0,
+        le=1_000_000,
+        description="the durable spool (<state_dir>/spool.db): over this size (or a quarter of its filesystem, "
+        "if smaller) the oldest messages are dropped",
+    )
+    max_age_s: float = Field(
+        7 * 86400.0,
+        gt=0,
+        description="messages spooled longer than this (the daemon's running time, not wall-clock time) are dropped",
+    )
+    commit_interval_ms: float = Field(
+        200.0, ge=1, le=10_000, description="group commit of the spool; the loss window on power loss or a crash"
+    )
 
 
 class OnnxRuntimeConfig(_Strict):
     threads: int = Field(0, ge=0, le=256, description="intra-op threads; 0 lets ONNX Runtime choose")
-    providers: list[Literal["cpu", "cuda", "tensorrt"]] = ["cpu"]
+    providers: list[Literal["cpu", "cuda", "tensorrt"]] = Field(
+        ["cpu"], description="execution providers (cuda and tensorrt need onnxruntime-gpu); a missing one is an error"
+    )
 
 
 class ModelConfig(_Strict):
-    package: Path | None = None
-    name: str | None = None
-    backend: Literal["auto", "onnxruntime", "tensorrt"] = "auto"
-    onnxruntime: OnnxRuntimeConfig = OnnxRuntimeConfig()
-    keys_dir: Path = Path("/etc/edged/keys")  # the public keys (*.pub) whose signatures this device accepts
-    keep_versions: int = Field(3, ge=2, le=20)  # model versions kept in the store (current and previous always)
-    probation_s: float = Field(300.0, ge=0)  # a newly installed version is committed after this long ...
-    probation_batches: int = Field(500, ge=0)  # ... and this many batches, with no inference errors
-    probation_max_crashes: int = Field(1, ge=0, le=100)  # daemon crashes tolerated on probation; one more rolls back
-    probation_latency_ratio: float = Field(2.0, ge=0)  # median batch time over the old one's x this rolls back (0: off)
-    build_on_device: bool = False  # ONNX package + TensorRT here: build an engine once, cache it, run it
-    build_precision: Literal["fp16", "int8", "fp32"] | None = None  # default: int8 for QDQ models, else fp16
+    package: Path | None = Field(None, description="a model package: a folder or a .tar; set this or name")
+    name: str | None = Field(None, description="or: the store's package at <state_dir>/models/<name>/current")
+    backend: Literal["auto", "onnxruntime", "tensorrt"] = Field(
+        "auto", description="auto: TensorRT for an engine package, ONNX Runtime for an ONNX one"
+    )
+    onnxruntime: OnnxRuntimeConfig = Field(OnnxRuntimeConfig(), description="ONNX Runtime's settings")
+    keys_dir: Path = Field(
+        Path("/etc/edged/keys"), description="the public keys (*.pub) whose signatures this device accepts"
+    )
+    keep_versions: int = Field(
+        3, ge=2, le=20, description="model versions kept in the store (current, previous and probation always)"
+    )
+    probation_s: float = Field(300.0, ge=0, description="a newly installed version is committed after this long ...")
+    probation_batches: int = Field(500, ge=0, description="... and this many batches, with no inference errors")
+    probation_max_crashes: int = Field(
+        1, ge=0, le=100, description="daemon crashes tolerated on probation; one more rolls the version back"
+    )
+    probation_latency_ratio: float = Field(
+        2.0, ge=0, description="median batch cost over the replaced version's x this rolls back (0: off)"
+    )
+    build_on_device: bool = Field(
+        False, description="an ONNX package on a device with TensorRT: build an engine once, cache it, run it"
+    )
+    build_precision: Literal["fp16", "int8", "fp32"] | None = Field(
+        None, description="precision for build_on_device; none: int8 for QDQ models, else fp16"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
@@ -160,15 +201,21 @@ class ModelConfig(_Strict):
 
 
 class CameraConfig(_Strict):
-    name: str
-    uri: str
-    password_file: Path | None = None  # the URI's password, read at each open; the URI holds the user only
-    fps_max: float = Field(15.0, gt=0, le=240)
-    loop: bool = False
-    realtime: bool = True
-    stall_timeout_s: float = Field(5.0, gt=0, le=600)
-    reconnect_min_s: float = Field(1.0, gt=0, le=600)
-    reconnect_max_s: float = Field(30.0, gt=0, le=3600)
+    name: str = Field(description="unique; a topic level (letters, digits, '_', '.', '-')")
+    uri: str = Field(description="the source: file://, v4l2://, rtsp(s)://, http(s)://, csi://, gst://, synthetic://")
+    password_file: Path | None = Field(
+        None, description="rtsp/http cameras: the URI's password, read at each open; the URI holds the user only"
+    )
+    fps_max: float = Field(15.0, gt=0, le=240, description="frames per second taken at most")
+    loop: bool = Field(False, description="file://: start again at the end")
+    realtime: bool = Field(
+        True, description="file://: play at the file's frame rate; false: as fast as inference takes frames"
+    )
+    stall_timeout_s: float = Field(
+        5.0, gt=0, le=600, description="no frame for this long is a stall; also the bound on opening a network source"
+    )
+    reconnect_min_s: float = Field(1.0, gt=0, le=600, description="reconnect back-off (full jitter): the first bound")
+    reconnect_max_s: float = Field(30.0, gt=0, le=3600, description="reconnect back-off: the bound doubles up to this")
 
     @field_validator("name")
     @classmethod
@@ -212,34 +259,42 @@ class CameraConfig(_Strict):
 
 
 class InferenceConfig(_Strict):
-    max_wait_ms: float = Field(30.0, ge=0, le=10_000)
-    warmup_batches: int = Field(2, ge=0, le=100)
+    max_wait_ms: float = Field(
+        30.0, ge=0, le=10_000, description="after a batch's first frame, wait at most this long for more"
+    )
+    warmup_batches: int = Field(2, ge=0, le=100, description="batches run before serving")
 
 
 class DetectionConfig(_Strict):
-    score_threshold: float = Field(0.5, ge=0.0, le=1.0)
-    iou_threshold: float = Field(0.3, ge=0.0, le=1.0)
-    max_detections: int = Field(100, ge=1, le=10_000)
-    labels: list[str] = []
+    score_threshold: float = Field(0.5, ge=0.0, le=1.0, description="minimum score")
+    iou_threshold: float = Field(0.3, ge=0.0, le=1.0, description="NMS IoU, per class")
+    max_detections: int = Field(100, ge=1, le=10_000, description="detections per frame, at most")
+    labels: list[str] = Field([], description="publish only these labels; empty publishes all")
 
 
 class TelemetryConfig(_Strict):
-    interval_s: float = Field(5.0, ge=0.5, le=3600)
+    interval_s: float = Field(5.0, ge=0.5, le=3600, description="telemetry period (and systemd STATUS=)")
 
 
 class GovernorConfig(_Strict):
-    enabled: bool = True
-    interval_s: float = Field(1.0, ge=0.1, le=60)
-    sysfs_root: Path = Path("/")
-    zones: list[str] = []
-    warm_c: float = Field(85.0, ge=0, le=150)
-    hot_c: float = Field(90.0, ge=0, le=150)
-    critical_c: float = Field(97.0, ge=0, le=150)
-    hysteresis_c: float = Field(5.0, ge=0, le=50)
-    min_dwell_s: float = Field(10.0, ge=0, le=3600)
-    warm_fps_scale: float = Field(0.5, gt=0, le=1)
-    critical_action: Literal["pause", "exit"] = "exit"
-    power_cap_w: float | None = Field(None, gt=0, le=1000)
+    enabled: bool = Field(True, description="run the governor")
+    interval_s: float = Field(1.0, ge=0.1, le=60, description="sampling period")
+    sysfs_root: Path = Field(
+        Path("/"), description="where sys/, proc/meminfo and the nvpmodel files are read (a bind mount, a fixture tree)"
+    )
+    zones: list[str] = Field([], description="thermal zone types to watch; empty watches the hottest of all")
+    warm_c: float = Field(85.0, ge=0, le=150, description="warm level (°C): the frame rate is scaled down")
+    hot_c: float = Field(90.0, ge=0, le=150, description="hot level (°C): inference pauses, cameras keep reading")
+    critical_c: float = Field(97.0, ge=0, le=150, description="critical level (°C): critical_action is taken")
+    hysteresis_c: float = Field(5.0, ge=0, le=50, description="a level is left only this far below its threshold ...")
+    min_dwell_s: float = Field(10.0, ge=0, le=3600, description="... and after this long in it")
+    warm_fps_scale: float = Field(0.5, gt=0, le=1, description="frame-rate factor while warm")
+    critical_action: Literal["pause", "exit"] = Field(
+        "exit", description="exit (code 3, for systemd to handle) or pause"
+    )
+    power_cap_w: float | None = Field(
+        None, gt=0, le=1000, description="total power cap: over it the frame rate scales by cap / power; none: no cap"
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> GovernorConfig:
@@ -251,17 +306,27 @@ class GovernorConfig(_Strict):
 
 
 class OtaConfig(_Strict):
-    enabled: bool = True  # accept model pushes (`edged push`) on the command channel
-    chunk_kb: int = Field(256, ge=4, le=4096)  # bytes asked for per chunk request
-    window: int = Field(4, ge=1, le=64)  # chunk requests in flight
-    retry_s: float = Field(5.0, gt=0, le=600)  # no chunk for this long: ask again
-    give_up_s: float = Field(3600.0, gt=0)  # no chunk for this long: the transfer fails (what arrived is kept)
+    enabled: bool = Field(True, description="accept model pushes (edged push) when the daemon runs the store")
+    chunk_kb: int = Field(256, ge=4, le=4096, description="KiB asked for per chunk request")
+    window: int = Field(4, ge=1, le=64, description="chunk requests in flight")
+    retry_s: float = Field(
+        5.0, gt=0, le=600, description="no chunk for this long (plus a jittered back-off): ask again from the last byte"
+    )
+    give_up_s: float = Field(
+        3600.0, gt=0, description="no chunk for this long: the transfer fails (stalled); what arrived is kept"
+    )
 
 
 class MemoryConfig(_Strict):
-    budget_mb: float = Field(4096.0, gt=0, le=1_000_000)
-    soft_limit_pct: float = Field(85.0, gt=0, le=100)
-    hard_limit_pct: float = Field(95.0, gt=0, le=100)
+    budget_mb: float = Field(
+        4096.0, gt=0, le=1_000_000, description="the device budget: a model that does not fit on top is refused"
+    )
+    soft_limit_pct: float = Field(
+        85.0, gt=0, le=100, description="RSS over this share of the budget halves the frame rate"
+    )
+    hard_limit_pct: float = Field(
+        95.0, gt=0, le=100, description="RSS over this share stops the daemon cleanly (exit 3)"
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> MemoryConfig:
@@ -271,20 +336,24 @@ class MemoryConfig(_Strict):
 
 
 class Config(_Strict):
-    device_id: str
-    state_dir: Path = Path("/var/lib/edged")
-    mqtt: MqttConfig = MqttConfig()
-    spool: SpoolConfig = SpoolConfig()
-    model: ModelConfig
-    cameras: list[CameraConfig] = Field(min_length=1)
-    inference: InferenceConfig = InferenceConfig()
-    detection: DetectionConfig = DetectionConfig()
-    telemetry: TelemetryConfig = TelemetryConfig()
-    governor: GovernorConfig = GovernorConfig()
-    memory: MemoryConfig = MemoryConfig()
-    ota: OtaConfig = OtaConfig()
-    groups: list[str] = []  # fleet groups this device belongs to (`edged push --group`), shown in …/status
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    device_id: str = Field(description="this device's name; a topic level (letters, digits, '_', '.', '-')")
+    state_dir: Path = Field(
+        Path("/var/lib/edged"), description="the device's state (spool, model store); staging/ in it is scratch"
+    )
+    mqtt: MqttConfig = Field(MqttConfig(), description="the broker")
+    spool: SpoolConfig = Field(SpoolConfig(), description="the durable spool")
+    model: ModelConfig = Field(description="the model to serve")
+    cameras: list[CameraConfig] = Field(min_length=1, description="the cameras, at least one")
+    inference: InferenceConfig = Field(InferenceConfig(), description="batching")
+    detection: DetectionConfig = Field(DetectionConfig(), description="filters on the detections")
+    telemetry: TelemetryConfig = Field(TelemetryConfig(), description="telemetry")
+    governor: GovernorConfig = Field(GovernorConfig(), description="thermals and power")
+    memory: MemoryConfig = Field(MemoryConfig(), description="the memory budget")
+    ota: OtaConfig = Field(OtaConfig(), description="over-the-air model pushes")
+    groups: list[str] = Field(
+        [], description="fleet groups of this device (edged push --group), shown in the retained status"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
 
     @field_validator("device_id")
     @classmethod

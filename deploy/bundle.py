@@ -8,6 +8,7 @@
       wheels/                   edged and its dependencies for the target's Python and CPU
       requirements.txt          what install.sh installs from wheels/
       systemd/                  the units, the per-L4T device drop-ins, sysusers.d, tmpfiles.d
+      docs/                     the man page edged.1 and the operator guide (the unit's Documentation=)
       config/edged.yaml         the default device config (kept on upgrades)
       keys/*.pub                the public keys devices trust for model packages
       models/*.tar              the initial model package(s), signed
@@ -112,6 +113,9 @@ def build_bundle(
             dst = root / "systemd" / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(REPO / "systemd" / rel, dst)
+        (root / "docs").mkdir()
+        for rel in ("edged.1", "operator.md"):  # man edged; the unit's Documentation=
+            shutil.copy(REPO / "docs" / rel, root / "docs" / rel)
         for name in ("install.sh", "firstboot.sh"):
             data = resources.files("edged.deploy").joinpath(name).read_bytes()
             (root / name).write_bytes(data)

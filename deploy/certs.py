@@ -13,7 +13,7 @@ Keys are ECDSA P-256; files holding private keys are written with mode 0600, exc
 key: mosquitto started as root drops to the `mosquitto` user before it loads its certificates, so
 server.key is 0640 and group `mosquitto` where that group exists (else `share_with_broker` says what
 to chown). A CRL whose next update has passed makes mosquitto refuse every client certificate:
-`status` warns ahead of it and `crl` renews it (a cron line or timer, README "Broker security").
+`status` warns ahead of it and `crl` renews it (a cron line or timer, docs/operator.md "Broker security").
 """
 
 from __future__ import annotations

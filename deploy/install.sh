@@ -61,6 +61,8 @@ put 0644 systemd/edged-firstboot.service /etc/systemd/system/edged-firstboot.ser
 put 0644 systemd/sysusers.d/edged.conf /usr/lib/sysusers.d/edged.conf
 put 0644 systemd/tmpfiles.d/edged.conf /usr/lib/tmpfiles.d/edged.conf
 put 0755 firstboot.sh /opt/edged/firstboot.sh
+put 0644 docs/edged.1 /usr/share/man/man1/edged.1
+put 0644 docs/operator.md /opt/edged/docs/operator.md
 release=$(sed -n 's/^# R\([0-9]*\) (release).*/\1/p' "$R/etc/nv_tegra_release" 2>/dev/null || true)
 if [ -n "$release" ] && [ -f "systemd/devices/l4t-r$release.conf" ]; then
   put 0644 "systemd/devices/l4t-r$release.conf" /etc/systemd/system/edged.service.d/devices.conf

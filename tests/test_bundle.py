@@ -97,6 +97,8 @@ def test_install_root_lays_the_bundle_into_a_rootfs(jetson_bundle: tuple[Path, P
     assert "device_id: FIRSTBOOT-HOSTNAME" in (etc / "edged/edged.yaml").read_text()
     assert list((etc / "edged/keys").glob("*.pub"))
     assert (rootfs / "usr/lib/sysusers.d/edged.conf").is_file()
+    assert (rootfs / "usr/share/man/man1/edged.1").read_text().startswith('.\\" generated')  # man edged
+    assert (rootfs / "opt/edged/docs/operator.md").is_file()  # the unit's Documentation=
     assert len(list((rootfs / "opt/edged/wheels").glob("*aarch64*.whl"))) >= 5
     assert not (rootfs / "opt/edged/venv").exists()  # nothing was run for the target
     # an upgrade keeps the device's config
@@ -114,6 +116,7 @@ def test_install_root_lays_the_bundle_into_a_rootfs(jetson_bundle: tuple[Path, P
     assert r.returncode == 0, r.stderr
     assert not (etc / "systemd/system/edged.service").exists() and not (rootfs / "opt/edged").exists()
     assert not (wants / "edged.service").exists() and not (rootfs / "usr/lib/sysusers.d/edged.conf").exists()
+    assert not (rootfs / "usr/share/man/man1/edged.1").exists()
     assert (etc / "edged/edged.yaml").is_file() and (rootfs / "etc/hostname").read_text() == "keep-me\n"
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import configparser
+import os
 import re
 import shutil
 import subprocess
@@ -35,11 +36,15 @@ def _units_here(tmp_path: Path, l4t: str) -> Path:
 @pytest.mark.parametrize("l4t", ["r35", "r36"])
 def test_units_verify(tmp_path: Path, l4t: str) -> None:
     unit = _units_here(tmp_path, l4t)
+    man1 = tmp_path / "man" / "man1"  # Documentation=man:edged(1): verify runs `man`; the bundle installs it
+    man1.mkdir(parents=True)
+    shutil.copy(REPO / "docs" / "edged.1", man1 / "edged.1")
     r = subprocess.run(
         [ANALYZE, "verify", str(unit), str(tmp_path / "edged-rollback.service")],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "MANPATH": f"{tmp_path / 'man'}:"},
     )
     problems = [line for line in r.stderr.splitlines() if "edged" in line]
     assert r.returncode == 0 and not problems, r.stderr

@@ -1,0 +1,179 @@
+"""The docs against the code: generated pages regenerate byte-identical, the config reference names every
+key, every relative link in the README and docs/ lands on a file (and heading) that exists, and the man
+page renders."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _gen_docs() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_docs", REPO / "scripts" / "gen_docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gen_docs = _gen_docs()
+
+
+def test_every_generated_page_regenerates_byte_identical() -> None:
+    pages = gen_docs.render()
+    assert {"docs/reference/config.md", "docs/reference/cli.md", "docs/edged.1"} <= set(pages)
+    drifted = [rel for rel, text in pages.items() if (REPO / rel).read_text(encoding="utf-8") != text]
+    assert not drifted, f"drifted from the code: {drifted}; run python scripts/gen_docs.py and commit"
+
+
+def test_check_mode_names_the_page_that_drifted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for rel in gen_docs.render():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, tmp_path / rel)
+    monkeypatch.setattr(gen_docs, "REPO", tmp_path)
+    assert gen_docs.main(["--check"]) == 0
+    page = tmp_path / "docs" / "reference" / "config.md"
+    page.write_text(page.read_text() + "a hand edit\n")
+    assert gen_docs.main(["--check"]) == 1
+    assert "docs/reference/config.md: drifted" in capsys.readouterr().err
+    assert page.read_text().endswith("a hand edit\n")  # --check writes nothing
+
+
+def test_the_generator_is_independent_of_the_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = gen_docs.render()
+    monkeypatch.setenv("COLUMNS", "37")
+    assert gen_docs.render() == before
+
+
+def test_every_config_key_is_in_the_config_reference() -> None:
+    text = (REPO / "docs" / "reference" / "config.md").read_text(encoding="utf-8")
+    keys = [path for path, _ in gen_docs.config_keys()]
+    assert "cameras[].reconnect_max_s" in keys and "mqtt.tls.ca_file" in keys
+    missing = [k for k in keys if f"`{k}`" not in text and f"`{k}[]`" not in text]  # a list section: `cameras[]`
+    assert not missing
+
+
+def test_every_config_field_has_a_description() -> None:
+    assert [path for path, field in gen_docs.config_keys() if not field.description] == []
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    text = heading.replace("`", "").strip().lower()
+    text = "".join(c for c in text if c.isalnum() or c in " -_")
+    return text.replace(" ", "-")
+
+
+def _prose(path: Path) -> list[str]:
+    """The lines of a Markdown file outside fenced code blocks, inline code removed."""
+    out, fenced = [], False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            out.append(re.sub(r"`[^`]*`", "", line))
+    return out
+
+
+def _anchors(path: Path) -> set[str]:
+    found: set[str] = set()
+    fenced = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            slug = _slug(line.lstrip("#"))
+            n, candidate = 0, slug
+            while candidate in found:
+                n += 1
+                candidate = f"{slug}-{n}"
+            found.add(candidate)
+    return found
+
+
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_every_relative_link_lands(page: Path) -> None:
+    broken = []
+    for line in _prose(page):
+        for target in _LINK.findall(line):
+            if re.match(r"^[a-z]+:", target):
+                continue  # http(s), mailto, man:
+            file, _, anchor = target.partition("#")
+            dest = (page.parent / file).resolve() if file else page
+            if not dest.exists():
+                broken.append(f"{target}: no file {dest}")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{target}: no heading #{anchor} in {dest.name}")
+    assert not broken, f"{page.relative_to(REPO)}: " + "; ".join(broken)
+
+
+def test_guides_start_with_their_audience_and_contents() -> None:
+    for name in ("operator", "subscriber", "models", "benchmarks"):
+        head = (REPO / "docs" / f"{name}.md").read_text(encoding="utf-8")[:2500]
+        assert "**For**" in head and "Contents:" in head, name
+
+
+def test_readme_is_short_and_keeps_the_two_commands() -> None:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    assert "bash scripts/demo.sh" in text and "bash scripts/test.sh" in text
+
+
+@pytest.mark.skipif(shutil.which("man") is None, reason="man is not installed")
+def test_the_man_page_renders() -> None:
+    out = subprocess.run(
+        ["man", "-l", str(REPO / "docs" / "edged.1")],
+        capture_output=True,
+        text=True,
+        env={"MANWIDTH": "100", "PATH": "/usr/bin:/bin", "MANPAGER": "cat", "PAGER": "cat"},
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "edged run" in out.stdout and "--config" in out.stdout
+    assert "warning" not in out.stderr.lower(), out.stderr
+
+
+def test_the_example_config_shows_every_key_with_the_codes_default() -> None:
+    """examples/edged.example.yaml is the third place defaults are written: every key is in it (commented
+    out where it is an alternative), and every value it sets is the code's default, except the keys a
+    config must fill in."""
+    import yaml
+
+    text = (REPO / "examples" / "edged.example.yaml").read_text(encoding="utf-8")
+    doc = yaml.safe_load(text)
+    filled_in = {"model.package"}  # one of model.package / model.name must be set
+    missing, differ = [], []
+    for path, field in gen_docs.config_keys():
+        node = doc
+        for part in path.split("."):
+            node = node.get(part.removesuffix("[]"), KeyError) if isinstance(node, dict) else KeyError
+            node = node[0] if part.endswith("[]") and isinstance(node, list) else node
+        leaf = path.rsplit(".", 1)[-1].removesuffix("[]")
+        if node is KeyError:
+            if not re.search(rf"^\s*#?\s*-?\s*{re.escape(leaf)}:", text, re.MULTILINE):
+                missing.append(path)
+            continue
+        if field.is_required() or path in filled_in or isinstance(node, dict):
+            continue
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, Path):
+            default = str(default)
+        if node != default:
+            differ.append(f"{path}: example {node!r}, code {default!r}")
+    assert not missing, f"keys missing from the example: {missing}"
+    assert not differ, differ
