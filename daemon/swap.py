@@ -34,10 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from edged.errors import EdgedError, EngineLoadError, SwapError
+from edged.errors import EdgedError, EngineLoadError, PackageError, SwapError
 from edged.models.footprint import activation_bytes
 from edged.models.package import Package, verify_folder
 from edged.models.store import Store, crash_at_env_step
+from edged.models.validate import Tensor, check_input
 
 from .backend import Backend
 from .config import Config
@@ -53,19 +54,11 @@ LATENCY_MIN_BATCHES = 20  # batches on the new model before its median batch tim
 
 
 def check_io(pkg: Package, backend: Backend) -> None:
-    spec = pkg.manifest.input
-    by_name = {t.name: t for t in backend.inputs}
-    if spec.name not in by_name:
-        raise EngineLoadError(
-            f"{pkg.model_path}: the manifest's input {spec.name!r} is not a model input "
-            f"(the model has {sorted(by_name)})"
-        )
-    shape = by_name[spec.name].shape
-    if list(shape) != list(spec.shape):
-        raise EngineLoadError(
-            f"{pkg.model_path}: input {spec.name!r} has shape {list(shape)}, the manifest says "
-            f"{spec.shape} (the fixed batch must match)"
-        )
+    """The loaded model's input against the manifest (name, fixed shape, dtype; models/validate.py)."""
+    try:
+        check_input(pkg.manifest.input, [Tensor(t.name, t.shape, t.dtype) for t in backend.inputs], str(pkg.model_path))
+    except PackageError as exc:
+        raise EngineLoadError(str(exc)) from exc
 
 
 def golden_check(pkg: Package, backend: Backend) -> str | None:

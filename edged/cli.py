@@ -310,6 +310,9 @@ def _parser() -> argparse.ArgumentParser:
     mg.add_argument("--image", type=Path, required=True, help="a representative frame (JPEG/PNG)")
     mg.add_argument("--atol", type=float, default=1e-3, help="absolute tolerance (default 1e-3)")
     mg.add_argument("--rtol", type=float, default=1e-2, help="relative tolerance (default 1e-2)")
+    from edged.model_cli import add_init_parser  # issue 15: `edged model init`
+
+    add_init_parser(msub)
 
     push = sub.add_parser(
         "push",

@@ -11,9 +11,10 @@ from typing import Any
 
 from edged.errors import PackageError, StateDirError
 from edged.models.compat import detect
-from edged.models.package import open_package, pack_tar, verify_folder
+from edged.models.package import Package, open_package, pack_tar, verify_folder
 from edged.models.signing import SIG_FILE, TrustStore, load_signing_key
 from edged.models.store import Store, read_head
+from edged.models.validate import check_package
 
 
 def _recover_unless_served(store: Store, state_dir: Path) -> None:
@@ -43,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         return _sign(args)
     if verb == "golden":
         return _golden(args)
+    if verb == "init":
+        return _init(args)
     from edged.daemon.config import load_config
 
     cfg = load_config(args.config)
@@ -85,8 +88,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_model(pkg: Package) -> None:
+    """The model's I/O against its manifest: the input (models/validate.py), the outputs and the class
+    count against the decoder (the daemon's own check, with the labels file read)."""
+    from edged.daemon.decoders import build_decoder
+
+    def outputs(p: Package, shapes: dict[str, tuple[int, ...]]) -> None:
+        m = p.manifest
+        build_decoder(m.decoder, m.input, m.labels, shapes)
+
+    check_package(pkg, outputs)
+
+
 def _pack(args: argparse.Namespace) -> int:
     pkg = verify_folder(args.folder)
+    _check_model(pkg)
     sig = load_signing_key(args.key).sign(pkg.manifest_bytes) if args.key else None
     pack_tar(pkg, args.out, sig)
     print(f"pack: {pkg.ref} -> {args.out}" + (" (signed)" if sig else " (unsigned: devices refuse it until signed)"))
@@ -94,6 +110,12 @@ def _pack(args: argparse.Namespace) -> int:
 
 
 def _golden(args: argparse.Namespace) -> int:
+    print(write_golden(args.folder, args.image, args.atol, args.rtol) + "; sign the package again")
+    return 0
+
+
+def write_golden(folder: Path, image: Path, atol: float, rtol: float) -> str:
+    """Add a golden input/output pair to an unpacked ONNX package folder; what was done, in words."""
     import cv2
     import numpy as np
 
@@ -101,40 +123,74 @@ def _golden(args: argparse.Namespace) -> int:
     from edged.daemon.preprocess import Preprocessor
     from edged.models.package import write_package
 
-    pkg = verify_folder(args.folder)
+    pkg = verify_folder(folder)
     m = pkg.manifest
     if m.kind != "onnx":
         raise PackageError(f"{pkg.ref}: golden pairs are made here for ONNX packages; make an engine's on a device")
-    frame = cv2.imread(str(args.image), cv2.IMREAD_COLOR)
+    frame = cv2.imread(str(image), cv2.IMREAD_COLOR)
     if frame is None:
-        raise PackageError(f"{args.image}: not an image OpenCV can read", code="not_found")
+        raise PackageError(f"{image}: not an image OpenCV can read", code="not_found")
     pre = Preprocessor(m.input)
     row = pre.new_row()
     pre.run(frame, row)
     batch = np.ascontiguousarray(np.broadcast_to(row, m.input.shape), dtype=m.input.dtype)
     with OnnxRuntimeBackend(pkg.model_path, threads=1) as backend:
         outputs = backend.infer({m.input.name: batch})
-    with open(args.folder / "golden_input.npy", "wb") as f:
+    with open(folder / "golden_input.npy", "wb") as f:
         np.save(f, batch, allow_pickle=False)
-    with open(args.folder / "golden_output.npz", "wb") as f:
+    with open(folder / "golden_output.npz", "wb") as f:
         np.savez(f, **outputs)  # type: ignore[arg-type]
     fields = m.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
-    fields["golden"] = {
-        "input": "golden_input.npy",
-        "output": "golden_output.npz",
-        "atol": args.atol,
-        "rtol": args.rtol,
+    if m.labels_file is None:
+        fields["labels_file"] = None
+    fields["golden"] = {"input": "golden_input.npy", "output": "golden_output.npz", "atol": atol, "rtol": rtol}
+    files = {name: folder / name for name in m.files} | {
+        "golden_input.npy": folder / "golden_input.npy",
+        "golden_output.npz": folder / "golden_output.npz",
     }
-    files = {name: args.folder / name for name in m.files} | {
-        "golden_input.npy": args.folder / "golden_input.npy",
-        "golden_output.npz": args.folder / "golden_output.npz",
-    }
-    (args.folder / SIG_FILE).unlink(missing_ok=True)  # the manifest changes: its old signature would not verify
-    new = write_package(args.folder, fields, files)
-    print(
-        f"golden: {new.ref}: {len(outputs)} outputs for {args.image.name} (atol {args.atol:g}, rtol {args.rtol:g}); "
-        "sign the package again"
+    (folder / SIG_FILE).unlink(missing_ok=True)  # the manifest changes: its old signature would not verify
+    new = write_package(folder, fields, files)
+    return f"golden: {new.ref}: {len(outputs)} outputs for {image.name} (atol {atol:g}, rtol {rtol:g})"
+
+
+def add_init_parser(msub: Any) -> None:
+    """`edged model init`: its options (the logic is models/init.py)."""
+    p = msub.add_parser(
+        "init",
+        help="a complete package from a detector's ONNX export (decoder, input spec, labels, golden pair)",
+        description="Inspect an ONNX export and its metadata, fix dynamic dimensions, pick the decoder from the "
+        "output shapes, write a package folder with every file's size and sha256 and a golden pair; print what "
+        "was decided and why, and what to check.",
     )
+    p.add_argument("model", type=Path, help="the .onnx export")
+    p.add_argument("--out", type=Path, help="package folder to write (default ./NAME)")
+    p.add_argument("--name", help="package name (default: the file's stem)")
+    p.add_argument("--version", type=int, default=1, help="package version (default 1)")
+    p.add_argument("--decoder", help="yolov8, yolov5, yolox, efficient_nms, picodet, ssd_anchors or classify")
+    p.add_argument("--batch", type=int, help="fixed batch (default: as exported, the metadata's, else 1)")
+    p.add_argument("--input-size", help="W or WxH for dynamic height/width (default: the metadata's imgsz)")
+    p.add_argument("--labels", type=Path, help="labels file, one per line (default: the metadata's names)")
+    p.add_argument("--color", choices=("RGB", "BGR"), help="colour order the model was trained on")
+    p.add_argument("--letterbox", choices=("center", "topleft"), help="where the letterboxed image sits")
+    p.add_argument("--image", type=Path, help="a representative frame for the golden pair (default: none)")
+
+
+def _init(args: argparse.Namespace) -> int:
+    from edged.models.init import InitOptions, init_package, parse_size
+
+    opts = InitOptions(
+        args.model, args.out, args.name, args.version, args.decoder, args.batch,
+        parse_size(args.input_size) if args.input_size else None, args.labels, args.color, args.letterbox,
+    )  # fmt: skip
+    done = init_package(opts)
+    for line in done.decisions:
+        print(f"init: {line}")
+    if args.image:
+        print(write_golden(done.package.root, args.image, 1e-3, 1e-2))
+    _check_model(verify_folder(done.package.root))
+    for line in done.checks + ([] if args.image else ["no golden pair (--image FRAME adds one)"]):
+        print(f"check: {line}")
+    print(f"init: {done.package.ref} ready in {done.package.root}; next: edged model pack/sign, edged push")
     return 0
 
 
@@ -155,7 +211,7 @@ def _verify(store: Store, trust: TrustStore, package: Path) -> int:
     manifest_bytes, sig_bytes = read_head(package)
     offer = store.check_offer(manifest_bytes, sig_bytes, trust, str(package), detect())
     with tempfile.TemporaryDirectory() as tmp:
-        open_package(package, scratch=Path(tmp))  # every file's size and hash
+        _check_model(open_package(package, scratch=Path(tmp)))  # every file's size and hash, then the model
     m = offer.manifest
     what = "already installed (a no-op)" if offer.same_version else "would install"
     print(f"verify: {m.name}@{m.version} signed by {offer.key_id}: every check passed; {what}")
