@@ -82,8 +82,9 @@ class Detected:
 
 
 def cells(height: int, width: int, strides: tuple[int, ...] = (8, 16, 32), ceil: bool = False) -> int:
-    div = (lambda a, b: math.ceil(a / b)) if ceil else (lambda a, b: a // b)
-    return sum(div(height, s) * div(width, s) for s in strides)
+    if ceil:
+        return sum(math.ceil(height / s) * math.ceil(width / s) for s in strides)
+    return sum((height // s) * (width // s) for s in strides)
 
 
 def detect(shapes: Shapes, height: int, width: int, ultralytics: bool, forced: str | None = None) -> Detected:

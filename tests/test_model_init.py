@@ -56,7 +56,9 @@ def ddddocr_det() -> Path:
 
 def lossless_video(image: Path, out: Path, frames: int = 2) -> np.ndarray:
     """A short FFV1 video of one photograph (even size); returns the frame as the daemon will read it."""
-    img = cv2.imread(str(image), cv2.IMREAD_COLOR)
+    read = cv2.imread(str(image), cv2.IMREAD_COLOR)
+    assert read is not None, image
+    img = np.asarray(read)
     img = img[: img.shape[0] // 2 * 2, : img.shape[1] // 2 * 2]
     w = cv2.VideoWriter(str(out), cv2.VideoWriter.fourcc(*"FFV1"), 5, (img.shape[1], img.shape[0]))
     assert w.isOpened()
@@ -224,8 +226,8 @@ def test_init_demo_models_as_published_serve_like_the_demo_packages(
     served = serve(broker, subscribe, start_daemon, demo, tmp_path, made.root, tmp_path / "v.mkv", opts)
     ref = decode(ref_pkg, frame, DecodeOptions(0.5, 0.5, 100))
     assert ref, "the reference finds something on this photograph"
-    ious, extra = match([(d.label, list(d.box)) for d in ref], served)
-    assert len(served) == len(ref) and not extra
+    ious, extras = match([(d.label, list(d.box)) for d in ref], served)
+    assert len(served) == len(ref) and not extras
     print(f"{demo_package} on {image}: {len(served)} served, {len(ref)} by the demo package; IoU min {min(ious):.4f}")
     assert min(ious) >= 0.99
 
