@@ -91,9 +91,10 @@ def run(args: argparse.Namespace) -> int:
 def _check_model(pkg: Package) -> None:
     """The model's I/O against its manifest: the input (models/validate.py), the outputs and the class
     count against the decoder (the daemon's own check, with the labels file read)."""
-    from edged.daemon.decoders import build_decoder
 
     def outputs(p: Package, shapes: dict[str, tuple[int, ...]]) -> None:
+        from edged.daemon.decoders import build_decoder  # OpenCV: only where an ONNX model is checked
+
         m = p.manifest
         build_decoder(m.decoder, m.input, m.labels, shapes)
 

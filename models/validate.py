@@ -104,7 +104,8 @@ def check_input(spec: InputSpec, inputs: Sequence[Tensor], where: str) -> None:
         )
     if list(t.shape) != list(spec.shape):
         hint = ""
-        if sorted(t.shape, key=str) == sorted(spec.shape) and len(t.shape) == 4:
+        fixed = [int(d) for d in t.shape]
+        if sorted(fixed) == sorted(spec.shape) and len(fixed) == 4 and fixed[1:] != spec.shape[1:]:
             other = "NCHW" if spec.layout == "NHWC" else "NHWC"
             hint = f" (the model looks {other}, the manifest says {spec.layout})"
         elif t.shape[1:] == tuple(spec.shape[1:]):

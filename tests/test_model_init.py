@@ -296,3 +296,44 @@ def test_init_reads_ultralytics_metadata_and_a_yolov8_head(tmp_path: Path) -> No
     again = init_package(InitOptions(src, out=tmp_path / "b4", batch=4, input_size=(640, 480), name="yard"))
     assert again.package.manifest.input.shape == [4, 3, 480, 640] and again.package.manifest.labels == classes
     assert again.package.ref == "yard@1"
+
+
+@pytest.mark.parametrize(
+    ("shapes", "ultralytics", "decoder", "params", "classes"),
+    [
+        ({"output0": (1, 84, 8400)}, True, "yolov8", {}, 80),
+        ({"output0": (1, 8400, 84)}, True, "yolov8", {"transposed": True}, 80),
+        ({"output0": (1, 25200, 85)}, False, "yolov5", {}, 80),
+        ({"output": (1, 8400, 85)}, False, "yolox", {}, 80),
+        ({"output": (1, 8500, 85)}, False, "yolox", {"strides": [8, 16, 32, 64]}, 80),
+        ({"output0": (1, 300, 6)}, True, "efficient_nms", {"output": "output0"}, None),
+        (
+            {"num_dets": (1, 1), "det_boxes": (1, 100, 4), "det_scores": (1, 100), "det_classes": (1, 100)},
+            False,
+            "efficient_nms",
+            {},
+            None,
+        ),
+        ({"logits": (1, 1000)}, False, "classify", {}, 1000),
+    ],
+    ids=["yolov8", "yolov8-transposed", "yolov5", "yolox", "yolox-p6", "nms-true", "efficient-nms", "classify"],
+)
+def test_decoder_detected_from_output_shapes(
+    shapes: dict[str, tuple[int, ...]], ultralytics: bool, decoder: str, params: dict[str, Any], classes: int | None
+) -> None:
+    from edged.models.detect import detect
+
+    found = detect(shapes, 640, 640, ultralytics)
+    assert (found.decoder, found.params, found.classes) == (decoder, params, classes), found.why
+
+
+def test_unrecognised_outputs_ask_for_a_decoder() -> None:
+    from edged.errors import PackageError
+    from edged.models.detect import detect
+
+    with pytest.raises(PackageError, match=r"no decoder recognises these outputs out \[1, 7, 7\] for a 640x640"):
+        detect({"out": (1, 7, 7)}, 640, 640, False)
+    forced = detect({"out": (1, 8400, 6)}, 640, 640, False, "yolov8")
+    assert forced.decoder == "yolov8" and "the shapes suggested yolox" in forced.why
+    with pytest.raises(PackageError, match="--decoder 'yolo' is not one of yolov8, yolov5, yolox"):
+        detect({"out": (1, 7, 7)}, 640, 640, False, "yolo")
