@@ -149,6 +149,10 @@ class ModelConfig(_Strict):
     probation_batches: int = Field(500, ge=0)  # ... and this many batches, with no inference errors
     probation_max_crashes: int = Field(1, ge=0, le=100)  # daemon crashes tolerated on probation; one more rolls back
     probation_latency_ratio: float = Field(2.0, ge=0)  # median batch time over the old one's x this rolls back (0: off)
+    # detections per frame off by more than x this from the previous version's on the same cameras (a
+    # model that suddenly detects nothing, or everything) rolls back (0: off) ...
+    probation_output_ratio: float = Field(10.0, ge=0)
+    probation_output_frames: int = Field(200, ge=1)  # ... judged once each version has decoded this many frames
     build_on_device: bool = False  # ONNX package + TensorRT here: build an engine once, cache it, run it
     build_precision: Literal["fp16", "int8", "fp32"] | None = None  # default: int8 for QDQ models, else fp16
 
