@@ -347,7 +347,7 @@ def read_labels(path: Path) -> list[str]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise PackageError(f"{path}: cannot read the labels: {exc}", code="labels_mismatch") from exc
+        raise PackageError(f"{path}: cannot read the labels: {exc}", code="labels_invalid") from exc
     lines = [line.strip() for line in text.splitlines()]
     while lines and not lines[-1]:
         lines.pop()
