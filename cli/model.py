@@ -7,7 +7,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from edged.cli import demo, store
+from edged.cli import demo, model_init, store
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,6 +44,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     mg.add_argument("--atol", type=float, default=1e-3, help="absolute tolerance (default 1e-3)")
     mg.add_argument("--rtol", type=float, default=1e-2, help="relative tolerance (default 1e-2)")
     mg.set_defaults(func=_golden)
+    model_init.add_parsers(msub)
 
 
 def _pack(args: argparse.Namespace) -> int:
@@ -51,6 +52,7 @@ def _pack(args: argparse.Namespace) -> int:
     from edged.models.signing import load_signing_key
 
     pkg = verify_folder(args.folder)
+    model_init.check_model(pkg)
     sig = load_signing_key(args.key).sign(pkg.manifest_bytes) if args.key else None
     pack_tar(pkg, args.out, sig)
     print(f"pack: {pkg.ref} -> {args.out}" + (" (signed)" if sig else " (unsigned: devices refuse it until signed)"))
@@ -58,49 +60,9 @@ def _pack(args: argparse.Namespace) -> int:
 
 
 def _golden(args: argparse.Namespace) -> int:
-    import cv2
-    import numpy as np
+    from edged.cli.model_init import write_golden
 
-    from edged.daemon.backend import OnnxRuntimeBackend
-    from edged.daemon.preprocess import Preprocessor
-    from edged.errors import PackageError
-    from edged.models.package import verify_folder, write_package
-    from edged.models.signing import SIG_FILE
-
-    pkg = verify_folder(args.folder)
-    m = pkg.manifest
-    if m.kind != "onnx":
-        raise PackageError(f"{pkg.ref}: golden pairs are made here for ONNX packages; make an engine's on a device")
-    frame = cv2.imread(str(args.image), cv2.IMREAD_COLOR)
-    if frame is None:
-        raise PackageError(f"{args.image}: not an image OpenCV can read", code="not_found")
-    pre = Preprocessor(m.input)
-    row = pre.new_row()
-    pre.run(frame, row)
-    batch = np.ascontiguousarray(np.broadcast_to(row, m.input.shape), dtype=m.input.dtype)
-    with OnnxRuntimeBackend(pkg.model_path, threads=1) as backend:
-        outputs = backend.infer({m.input.name: batch})
-    with open(args.folder / "golden_input.npy", "wb") as f:
-        np.save(f, batch, allow_pickle=False)
-    with open(args.folder / "golden_output.npz", "wb") as f:
-        np.savez(f, **outputs)  # type: ignore[arg-type]
-    fields = m.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
-    fields["golden"] = {
-        "input": "golden_input.npy",
-        "output": "golden_output.npz",
-        "atol": args.atol,
-        "rtol": args.rtol,
-    }
-    files = {name: args.folder / name for name in m.files} | {
-        "golden_input.npy": args.folder / "golden_input.npy",
-        "golden_output.npz": args.folder / "golden_output.npz",
-    }
-    (args.folder / SIG_FILE).unlink(missing_ok=True)  # the manifest changes: its old signature would not verify
-    new = write_package(args.folder, fields, files)
-    print(
-        f"golden: {new.ref}: {len(outputs)} outputs for {args.image.name} (atol {args.atol:g}, rtol {args.rtol:g}); "
-        "sign the package again"
-    )
+    print(write_golden(args.folder, args.image, args.atol, args.rtol) + "; sign the package again")
     return 0
 
 

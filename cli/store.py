@@ -95,6 +95,7 @@ def _trust(cfg: Config) -> TrustStore:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from edged.cli.model_init import check_model
     from edged.models.compat import detect
     from edged.models.package import open_package
     from edged.models.store import read_head
@@ -105,7 +106,7 @@ def _verify(args: argparse.Namespace) -> int:
     manifest_bytes, sig_bytes = read_head(package)
     offer = store.check_offer(manifest_bytes, sig_bytes, trust, str(package), detect())
     with tempfile.TemporaryDirectory() as tmp:
-        open_package(package, scratch=Path(tmp))  # every file's size and hash
+        check_model(open_package(package, scratch=Path(tmp)))  # every file's size and hash, then the model
     m = offer.manifest
     what = "already installed (a no-op)" if offer.same_version else "would install"
     print(f"verify: {m.name}@{m.version} signed by {offer.key_id}: every check passed; {what}")

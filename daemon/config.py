@@ -186,6 +186,15 @@ class ModelConfig(_Strict):
     probation_latency_ratio: float = Field(
         2.0, ge=0, description="median batch cost over the replaced version's x this rolls back (0: off)"
     )
+    probation_output_ratio: float = Field(
+        10.0,
+        ge=0,
+        description="detections per frame off by more than x this from the previous version's on the same cameras "
+        "(a model that suddenly detects nothing, or everything) rolls back (0: off) ...",
+    )
+    probation_output_frames: int = Field(
+        200, ge=1, description="... judged once each version has decoded this many frames"
+    )
     build_on_device: bool = Field(
         False, description="an ONNX package on a device with TensorRT: build an engine once, cache it, run it"
     )

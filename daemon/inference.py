@@ -80,10 +80,39 @@ class ActiveModel:
     cost_ms: Window = field(default_factory=Window)
     batches: int = 0
     errors: int = 0
+    # what it outputs, for probation to compare with the version before: real rows decoded, detections
+    # kept (after the score threshold and label filter) and the sum of their scores
+    rows: int = 0
+    detections: int = 0
+    score_sum: float = 0.0
 
     @property
     def ref(self) -> str:
         return f"{self.name}@{self.version}"
+
+    def output_figures(self) -> OutputFigures:
+        return OutputFigures(self.rows, self.detections, self.score_sum)
+
+
+@dataclass(frozen=True)
+class OutputFigures:
+    """A model's output on the cameras, summed: how many frames, detections and their scores."""
+
+    rows: int
+    detections: int
+    score_sum: float
+
+    @property
+    def rate(self) -> float:
+        """Detections per frame."""
+        return self.detections / self.rows if self.rows else 0.0
+
+    @property
+    def mean_score(self) -> float:
+        return self.score_sum / self.detections if self.detections else 0.0
+
+    def __str__(self) -> str:
+        return f"{self.rate:.2f} detections per frame, mean score {self.mean_score:.2f} over {self.rows} frames"
 
 
 @dataclass(frozen=True)
@@ -274,6 +303,9 @@ class InferenceLoop:
                 self._count_error("decoding", m)
                 continue
             done = time.monotonic()
+            m.rows += len(dets)
+            m.detections += sum(len(row) for row in dets)
+            m.score_sum += sum(d.score for row in dets for d in row)
             for (camera, meta), row_dets in zip(batch.rows, dets, strict=True):
                 result = Result(camera, meta, row_dets, batch.infer_ms, done, m.name, m.version)
                 self.stats.capture_to_result_ms.add(result.capture_to_result_ms)

@@ -1,7 +1,7 @@
 """Frame -> one row of the model's input, written into a preallocated buffer.
 
 Runs in the camera threads, so the inference thread only copies finished rows into the batch.
-Driven by the model's input spec: letterbox or stretch resize, colour order, (x*scale - mean)/std,
+Driven by the model's input spec: letterbox (centred or top-left) or stretch resize, colour order, (x*scale - mean)/std,
 NCHW or NHWC. Uses OpenCV for the resize, the border and the colour conversion; every
 intermediate buffer is allocated once per camera (per source size) and reused.
 """
@@ -70,8 +70,15 @@ class Preprocessor:
             inner = (slice(0, th), slice(0, tw), (tw, th))
         else:
             s = min(tw / w, th / h)
-            nw, nh = max(1, round(w * s)), max(1, round(h * s))
-            px, py = (tw - nw) // 2, (th - nh) // 2
+            # centred with the size rounded (Ultralytics' LetterBox), or at the top left with the padding
+            # bottom/right and the size truncated (YOLOX's preproc: int(w * r)); input spec `letterbox`.
+            # The transform carries the actual scale and offset, so boxes map back exactly either way.
+            if self.spec.align == "center":
+                nw, nh = max(1, round(w * s)), max(1, round(h * s))
+                px, py = (tw - nw) // 2, (th - nh) // 2
+            else:
+                nw, nh = max(1, min(tw, int(w * s))), max(1, min(th, int(h * s)))
+                px, py = 0, 0
             t = Transform(nw / w, nh / h, float(px), float(py), w, h)
             inner = (slice(py, py + nh), slice(px, px + nw), (nw, nh))
             self._canvas[:] = self.spec.pad_value

@@ -34,16 +34,17 @@ from typing import Any
 
 import numpy as np
 
-from edged.errors import EdgedError, EngineLoadError, SwapError
+from edged.errors import EdgedError, EngineLoadError, PackageError, SwapError
 from edged.models.footprint import activation_bytes
 from edged.models.package import Package, verify_folder
 from edged.models.store import Store, crash_at_env_step
+from edged.models.validate import Tensor, check_input
 
 from .backend import Backend
 from .config import Config
 from .decoders import build_decoder
 from .governor import plan_swap
-from .inference import ActiveModel, InferenceLoop, warm_up
+from .inference import ActiveModel, InferenceLoop, OutputFigures, warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -53,19 +54,11 @@ LATENCY_MIN_BATCHES = 20  # batches on the new model before its median batch tim
 
 
 def check_io(pkg: Package, backend: Backend) -> None:
-    spec = pkg.manifest.input
-    by_name = {t.name: t for t in backend.inputs}
-    if spec.name not in by_name:
-        raise EngineLoadError(
-            f"{pkg.model_path}: the manifest's input {spec.name!r} is not a model input "
-            f"(the model has {sorted(by_name)})"
-        )
-    shape = by_name[spec.name].shape
-    if list(shape) != list(spec.shape):
-        raise EngineLoadError(
-            f"{pkg.model_path}: input {spec.name!r} has shape {list(shape)}, the manifest says "
-            f"{spec.shape} (the fixed batch must match)"
-        )
+    """The loaded model's input against the manifest (name, fixed shape, dtype; models/validate.py)."""
+    try:
+        check_input(pkg.manifest.input, [Tensor(t.name, t.shape, t.dtype) for t in backend.inputs], str(pkg.model_path))
+    except PackageError as exc:
+        raise EngineLoadError(str(exc)) from exc
 
 
 def golden_check(pkg: Package, backend: Backend) -> str | None:
@@ -136,6 +129,23 @@ class Probation:
     since_mono: float
     baseline_ms: float | None
     start_batches: int  # the model's batch count when probation began (0 after a flip)
+    # what the version before output on the same cameras (a hot swap; unknown after a restart)
+    baseline_output: OutputFigures | None = None
+
+
+def output_verdict(before: OutputFigures, after: OutputFigures, ratio: float, frames: int) -> str:
+    """Why the new version's output is implausible next to the old one's on the same cameras, or "".
+
+    Judged once both have decoded `frames` frames: a rate of detections per frame under 1/`ratio` of the
+    old one's (it suddenly detects nothing), or over `ratio` times it and at least one per frame (it
+    suddenly detects everything; an old rate under 0.1 counts as 0.1)."""
+    if before.rows < frames or after.rows < frames:
+        return ""
+    if before.rate > 0 and after.rate < before.rate / ratio:
+        return f"output collapse: {after} vs {before} before (under 1/{ratio:g})"
+    if after.rate >= 1.0 and after.rate > max(before.rate, 0.1) * ratio:
+        return f"output explosion: {after} vs {before} before (over x{ratio:g})"
+    return ""
 
 
 class ModelManager:
@@ -237,6 +247,7 @@ class ModelManager:
         old_pkg = self.package
         current = self.active
         baseline = current.cost_ms.percentiles((50,)).get("p50")
+        before = current.output_figures()
         mode = plan_swap(
             current.backend.memory_bytes / 2**20, estimate_mb(pkg), self._rss_mb(), self.cfg.memory.budget_mb
         )
@@ -269,7 +280,7 @@ class ModelManager:
         if mode == "side_by_side" and old is not None:
             old.backend.close()
         self.package = verify_folder(self.store.root / m.name / "versions" / str(m.version))
-        self.probation = Probation(m.version, time.monotonic(), baseline, 0)
+        self.probation = Probation(m.version, time.monotonic(), baseline, 0, before)
         self.swaps += 1
         self.last_gap_ms = gap_ms
         self._outcome("model_activated", pkg.ref, previous=old_pkg.manifest.version, mode=mode)
@@ -393,6 +404,10 @@ class ModelManager:
                     f"latency regression: median batch {median:.1f} ms vs {p.baseline_ms:.1f} ms before "
                     f"({how}; over x{cfg.probation_latency_ratio:g})"
                 )
+        elif p.baseline_output is not None and cfg.probation_output_ratio:
+            verdict = output_verdict(
+                p.baseline_output, a.output_figures(), cfg.probation_output_ratio, cfg.probation_output_frames
+            )
         if verdict:
             self.probation = None
             self.submit(self.rollback, verdict, "probation_failed")

@@ -54,6 +54,10 @@ class InputSpec(_Strict):
     std: list[float] = [1.0, 1.0, 1.0]
     resize: Literal["letterbox", "stretch"] = "letterbox"
     pad_value: int = Field(0, ge=0, le=255)
+    # where a letterboxed image sits: centred, its size rounded (edged's default, as Ultralytics'
+    # LetterBox; absent from the manifest), or at the top left with the padding bottom/right and its
+    # size truncated (YOLOX's own preproc, int(w * r))
+    letterbox: Literal["center", "topleft"] | None = None
 
     @field_validator("shape")
     @classmethod
@@ -76,6 +80,10 @@ class InputSpec(_Strict):
     @property
     def batch(self) -> int:
         return self.shape[0]
+
+    @property
+    def align(self) -> Literal["center", "topleft"]:
+        return self.letterbox or "center"
 
     @property
     def height(self) -> int:
@@ -331,7 +339,42 @@ def verify_folder(root: Path) -> Package:
             )
         if sha256_file(f) != entry.sha256:
             raise PackageError(f"{f}: sha256 does not match the manifest (corrupt or tampered)", code="hash_mismatch")
-    return Package(root=root, manifest=manifest, manifest_bytes=data)
+    return Package(root=root, manifest=_with_labels_file(root, manifest), manifest_bytes=data)
+
+
+def read_labels(path: Path) -> list[str]:
+    """One label per line; blank lines at the end are not labels."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PackageError(f"{path}: cannot read the labels: {exc}", code="labels_invalid") from exc
+    lines = [line.strip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def _with_labels_file(root: Path, manifest: Manifest) -> Manifest:
+    """The manifest with `labels` taken from its (verified) labels file when it lists none itself; a
+    labels file that contradicts the manifest's own list is refused, naming the first difference."""
+    if manifest.labels_file is None:
+        return manifest
+    path = root / manifest.labels_file
+    from_file = read_labels(path)
+    if not manifest.labels:
+        return manifest.model_copy(update={"labels": from_file}) if from_file else manifest
+    if from_file and from_file != manifest.labels:
+        first = next(
+            (i for i, (a, b) in enumerate(zip(from_file, manifest.labels, strict=False)) if a != b),
+            min(len(from_file), len(manifest.labels)),
+        )
+        raise PackageError(
+            f"{path}: {len(from_file)} labels, the manifest lists {len(manifest.labels)}; they differ at line "
+            f"{first + 1} ({from_file[first] if first < len(from_file) else '<none>'!r} vs "
+            f"{manifest.labels[first] if first < len(manifest.labels) else '<none>'!r})",
+            code="labels_mismatch",
+        )
+    return manifest
 
 
 def write_package(root: Path, manifest_fields: dict[str, Any], files: dict[str, Path]) -> Package:

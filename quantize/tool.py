@@ -140,7 +140,7 @@ def quantize(
             return Outcome(report, None, float_nodes)
         (tmp / "labels.txt").write_text("\n".join(m.labels) + "\n")
         (tmp / REPORT_FILE).write_text(json.dumps(report.to_json(), indent=2) + "\n")
-        fields = m.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
+        fields = m.model_dump(by_alias=True, exclude={"files", "golden"}, exclude_none=True)
         fields.update(
             created=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             version=version if version is not None else m.version + 1,

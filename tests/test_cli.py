@@ -107,7 +107,10 @@ def test_every_verb_names_its_handler_beside_its_options() -> None:
         ["run", "check-config", "watch", "telemetry", "quantize", "build-engine", "keys generate", "push"]
         + [f"certs {v}" for v in ("ca", "server", "device", "revoke", "crl", "status")]
         + [f"bundle {v}" for v in ("build", "verify")]
-        + [f"model {v}" for v in ("pack", "sign", "verify", "install", "list", "rollback", "fetch-demo", "golden")]
+        + [
+            f"model {v}"
+            for v in ("pack", "sign", "verify", "install", "list", "rollback", "fetch-demo", "golden", "init")
+        ]
     )
     for verb, parser in found.items():
         assert callable(parser.get_default("func")), verb

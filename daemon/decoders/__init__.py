@@ -9,6 +9,7 @@ model's outputs once (``check``), then turns each batch's outputs into detection
 | ssd_anchors    | MediaPipe-style SSD heads (BlazeFace)                                 |
 | yolov8         | Ultralytics YOLOv8 / YOLO11 [B, 4+C, A]                               |
 | yolov5         | YOLOv5 [B, A, 5+C] with objectness                                    |
+| yolox          | YOLOX [B, A, 5+C] raw grid offsets with objectness (decode not in graph) |
 | efficient_nms  | TensorRT EfficientNMS outputs, Ultralytics nms=True [B, K, 6]         |
 | picodet        | PaddleDetection PicoDet / GFL (the PicoDet layout demo model)         |
 | classify       | classifiers [B, C]: softmax / sigmoid top-k                           |
@@ -26,11 +27,13 @@ from .classify import Classify
 from .picodet import PicoDet
 from .ssd import SsdAnchors
 from .yolo import EfficientNms, YoloV5, YoloV8
+from .yolox import YoloX
 
 DECODERS: dict[str, DecoderFactory] = {
     "ssd_anchors": SsdAnchors,
     "yolov8": YoloV8,
     "yolov5": YoloV5,
+    "yolox": YoloX,
     "efficient_nms": EfficientNms,
     "picodet": PicoDet,
     "classify": Classify,

@@ -1,0 +1,142 @@
+"""A package checked against its own model: the graph's I/O signature against the manifest.
+
+`pack`, `verify` and `check-config` call `check_package` (and the daemon calls `check_input` with
+its backend's I/O as it loads a model), so a manifest that contradicts its model is refused with the
+exact mismatch before any device runs it, not when the daemon starts:
+
+- the input: the manifest's tensor name exists, the model takes one input, every dimension is fixed
+  and equal to the manifest's shape (batch, layout and size), the element type is the manifest's dtype;
+- the outputs: handed to the decoder's own check (the caller passes it: decoders live in the daemon),
+  which compares their count and shapes with what the decoder reads, and the class count with the
+  labels (the manifest's list, else its labels file: package.py reads it).
+
+ONNX is imported here lazily: the device's runtime never loads it (an engine package is checked
+against its TensorRT bindings by the daemon instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from edged.errors import PackageError
+
+from .package import InputSpec, Package
+
+Dim = int | str  # a fixed size, or the name of a dynamic dimension ("batch", "height", "?")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[Dim, ...]
+    dtype: str  # numpy's name: float32, float16, uint8, int64 ...
+
+    @property
+    def fixed(self) -> bool:
+        return all(isinstance(d, int) and d > 0 for d in self.shape)
+
+
+@dataclass(frozen=True)
+class Signature:
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+
+    def output_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Output name -> shape, every dimension fixed (a dynamic one is refused, naming it)."""
+        out: dict[str, tuple[int, ...]] = {}
+        for t in self.outputs:
+            if not t.fixed:
+                raise PackageError(
+                    f"output {t.name!r} has shape {_show(t.shape)} with dynamic dimensions once the input is fixed",
+                    code="signature_mismatch",
+                )
+            out[t.name] = tuple(int(d) for d in t.shape)
+        return out
+
+
+def onnx_signature(path: Path) -> Signature:
+    """The graph's inputs (initializers excluded) and outputs, with shapes as ONNX declares them."""
+    import onnx
+    from onnx import helper
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError, OSError, ValueError: translated at the boundary
+        raise PackageError(f"{path}: not an ONNX model ONNX can read: {exc}", code="signature_mismatch") from exc
+    inits = {i.name for i in model.graph.initializer}
+
+    def tensor(v: onnx.ValueInfoProto) -> Tensor:
+        tt = v.type.tensor_type
+        dims: list[Dim] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
+        try:
+            dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type).name
+        except (KeyError, TypeError, ValueError):
+            dtype = f"onnx type {tt.elem_type}"
+        return Tensor(v.name, tuple(dims), dtype)
+
+    return Signature(
+        tuple(tensor(v) for v in model.graph.input if v.name not in inits),
+        tuple(tensor(v) for v in model.graph.output),
+    )
+
+
+def check_input(spec: InputSpec, inputs: Sequence[Tensor], where: str) -> None:
+    """The manifest's input spec against the model's inputs; PackageError(signature_mismatch) naming both."""
+    by_name = {t.name: t for t in inputs}
+    if spec.name not in by_name:
+        raise PackageError(
+            f"{where}: the manifest's input {spec.name!r} is not a model input (the model has {sorted(by_name)})",
+            code="signature_mismatch",
+        )
+    if len(inputs) != 1:
+        raise PackageError(
+            f"{where}: the model has {len(inputs)} inputs ({sorted(by_name)}); edged feeds one image tensor",
+            code="signature_mismatch",
+        )
+    t = by_name[spec.name]
+    if not t.fixed:
+        raise PackageError(
+            f"{where}: input {t.name!r} has dynamic dimensions {_show(t.shape)}; the manifest says {spec.shape}. "
+            "Fix them with `edged model init MODEL.onnx --batch B --input-size WxH`",
+            code="signature_mismatch",
+        )
+    if list(t.shape) != list(spec.shape):
+        hint = ""
+        fixed = [int(d) for d in t.shape]
+        if sorted(fixed) == sorted(spec.shape) and len(fixed) == 4 and fixed[1:] != spec.shape[1:]:
+            other = "NCHW" if spec.layout == "NHWC" else "NHWC"
+            hint = f" (the model looks {other}, the manifest says {spec.layout})"
+        elif t.shape[1:] == tuple(spec.shape[1:]):
+            hint = f" (batch {t.shape[0]} in the model, {spec.batch} in the manifest: the fixed batch must match)"
+        raise PackageError(
+            f"{where}: input {t.name!r} is {_show(t.shape)} in the model, the manifest says {spec.shape}{hint}",
+            code="signature_mismatch",
+        )
+    if t.dtype != spec.dtype and t.dtype != "unknown":
+        raise PackageError(
+            f"{where}: input {t.name!r} is {t.dtype} in the model, the manifest says {spec.dtype}",
+            code="signature_mismatch",
+        )
+
+
+OutputsCheck = Callable[[Package, dict[str, tuple[int, ...]]], None]
+
+
+def check_package(pkg: Package, outputs_check: OutputsCheck | None = None) -> Signature | None:
+    """An ONNX package's model against its manifest: the input here, the outputs through `outputs_check`
+    (the decoder's check: it raises on a count, shape or class-count mismatch). None for an engine
+    package, which only a device with TensorRT can open (the daemon checks it as it loads)."""
+    m = pkg.manifest
+    if m.kind != "onnx":
+        return None
+    sig = onnx_signature(pkg.model_path)
+    check_input(m.input, sig.inputs, str(pkg.model_path))
+    if outputs_check is not None:
+        outputs_check(pkg, sig.output_shapes())
+    return sig
+
+
+def _show(shape: Sequence[Dim]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"

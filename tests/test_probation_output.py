@@ -1,0 +1,74 @@
+"""Probation looks at what a new version outputs: a version that suddenly detects nothing (or everything)
+on the same cameras is rolled back, with the figures in the event."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from edged.daemon.inference import OutputFigures
+from edged.daemon.swap import output_verdict
+from edged.models.demo import DemoAssets
+from edged.models.signing import SigningKey
+
+from .conftest import Broker, wait_until, write_config
+from .test_ota import MODEL, build, device_doc, install, push, wait_results
+
+
+def test_output_verdict() -> None:
+    faces = OutputFigures(rows=300, detections=310, score_sum=280.0)
+    assert output_verdict(faces, OutputFigures(300, 290, 250.0), 10, 200) == ""
+    assert output_verdict(faces, OutputFigures(100, 0, 0.0), 10, 200) == ""  # not enough frames yet
+    collapse = output_verdict(faces, OutputFigures(300, 6, 3.3), 10, 200)
+    assert collapse == (
+        "output collapse: 0.02 detections per frame, mean score 0.55 over 300 frames vs 1.03 detections per "
+        "frame, mean score 0.90 over 300 frames before (under 1/10)"
+    )
+    assert output_verdict(faces, OutputFigures(300, 3300, 1700.0), 10, 200).startswith("output explosion: 11.00")
+    quiet = OutputFigures(300, 3, 2.0)  # a camera that rarely sees anything: 0.01 per frame counts as 0.1
+    assert output_verdict(quiet, OutputFigures(300, 60, 40.0), 10, 200) == ""
+    assert output_verdict(quiet, OutputFigures(300, 310, 200.0), 10, 200).startswith("output explosion")
+
+
+def blind(src: Path, out: Path, shift: float = -40.0) -> Path:
+    """The same BlazeFace with every score logit lowered by `shift`: it loads, runs as fast, and sees no face."""
+    m = onnx.load(str(src))
+    g = m.graph
+    for name in ("Identity:0", "Identity_1:0"):
+        producer = next(n for n in g.node if name in n.output)
+        producer.output[list(producer.output).index(name)] = f"{name}__raw"
+        g.initializer.append(numpy_helper.from_array(np.array(shift, np.float32), f"{name}__shift"))
+        g.node.append(helper.make_node("Add", [f"{name}__raw", f"{name}__shift"], [name]))
+    onnx.checker.check_model(m)
+    onnx.save(m, str(out))
+    return out
+
+
+def test_a_version_that_detects_nothing_is_rolled_back_with_the_figures(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+) -> None:
+    doc = device_doc(broker, demo, tmp_path, "cam-01")
+    doc["model"].update(probation_output_frames=40, probation_latency_ratio=0)
+    cfg = write_config(tmp_path / "cam-01.yaml", doc)
+    install(cfg, build(demo, tmp_path, signer, 1))
+    sub = subscribe(broker, "edged/cam-01/#")
+    d = start_daemon(cfg)
+    wait_results(sub, 1, n=50, timeout=120)  # the old version's figures: 40 frames at least
+    v2 = build(demo, tmp_path, signer, 2, model=blind(demo.packages[MODEL].model_path, tmp_path / "blind.onnx"))
+    r = push(broker, v2, "--device", "cam-01")
+    assert r.returncode == 0, r.stdout + r.stderr + d.output()
+
+    def rolled() -> list[dict[str, object]]:
+        return [m.json() for m in sub.on("events") if m.json()["type"] == "model_rolled_back"]
+
+    wait_until(lambda: bool(rolled()), 120, "the rollback")
+    ev = rolled()[0]
+    assert ev["model"] == {"name": MODEL, "version": 2} and ev["to"] == 1 and ev["code"] == "probation_failed"
+    reason = str(ev["reason"])
+    print("\n" + reason)
+    assert reason.startswith("output collapse: 0.00 detections per frame") and "before (under 1/10)" in reason
+    assert [x for x in sub.results() if x["model"]["version"] == 2 and x["detections"]] == []
+    wait_results(sub, 1, n=len([x for x in sub.results() if x["model"]["version"] == 1]) + 5)  # v1 serves again
