@@ -41,7 +41,7 @@ from edged.models.package import Package, open_package
 from edged.models.store import Store, crash_at_env_step
 
 from .annotate import draw, fit_jpeg
-from .backend import Backend, open_backend, tensorrt_unavailable_reason
+from .backends import Backend, open_backend, tensorrt_unavailable_reason
 from .capture import Camera, Throttle
 from .commands import CommandError, Commands, NoArgs
 from .config import Config, load_config
@@ -787,7 +787,7 @@ def _open_model_backend(cfg: Config, pkg: Package) -> Backend:
         reason = tensorrt_unavailable_reason()
         if reason:
             raise BackendError(f"model.build_on_device is set, but {reason}")
-        from .trt import TensorRTBackend, cached_engine
+        from .backends.tensorrt import TensorRTBackend, cached_engine
 
         def progress(msg: str) -> None:
             logger.info("%s", msg)

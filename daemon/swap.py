@@ -39,7 +39,7 @@ from edged.models.footprint import activation_bytes
 from edged.models.package import Package, verify_folder
 from edged.models.store import Store, crash_at_env_step
 
-from .backend import Backend
+from .backends import Backend
 from .config import Config
 from .decoders import build_decoder
 from .governor import plan_swap

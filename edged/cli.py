@@ -475,7 +475,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.no_model:
         return 0
     from edged.daemon.app import resolve_package
-    from edged.daemon.backend import open_backend
+    from edged.daemon.backends import open_backend
     from edged.daemon.decoders import build_decoder
     from edged.daemon.swap import check_io
 
@@ -561,7 +561,7 @@ def _quantize(args: argparse.Namespace) -> int:
 
 
 def _build_engine(args: argparse.Namespace) -> int:
-    from edged.daemon.backend import tensorrt_unavailable_reason
+    from edged.daemon.backends import tensorrt_unavailable_reason
 
     reason = tensorrt_unavailable_reason()
     if reason:

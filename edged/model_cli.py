@@ -97,7 +97,7 @@ def _golden(args: argparse.Namespace) -> int:
     import cv2
     import numpy as np
 
-    from edged.daemon.backend import OnnxRuntimeBackend
+    from edged.daemon.backends import OnnxRuntimeBackend
     from edged.daemon.preprocess import Preprocessor
     from edged.models.package import write_package
 
