@@ -49,7 +49,7 @@ import yaml
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edged.daemon.app import Daemon
-from edged.daemon.backend import OnnxRuntimeBackend, TensorInfo
+from edged.daemon.backends import OnnxRuntimeBackend, TensorInfo
 from edged.daemon.capture import FrameMeta
 from edged.daemon.config import load_config
 from edged.daemon.decoders import DecodeOptions, build_decoder

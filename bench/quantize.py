@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from edged.daemon.backend import OnnxRuntimeBackend
+from edged.daemon.backends import OnnxRuntimeBackend
 from edged.models.demo import fetch_demo
 from edged.models.demo_document import make_document_video
 from edged.models.package import Package, verify_folder

@@ -72,7 +72,7 @@ def write_golden(folder: Path, image: Path, atol: float, rtol: float) -> str:
     import cv2
     import numpy as np
 
-    from edged.daemon.backend import OnnxRuntimeBackend
+    from edged.daemon.backends import OnnxRuntimeBackend
     from edged.daemon.preprocess import Preprocessor
     from edged.errors import PackageError
     from edged.models.package import verify_folder, write_package

@@ -136,7 +136,7 @@ def _quantize(args: argparse.Namespace) -> int:
 
 
 def _build_engine(args: argparse.Namespace) -> int:
-    from edged.daemon.backend import tensorrt_unavailable_reason
+    from edged.daemon.backends import tensorrt_unavailable_reason
 
     reason = tensorrt_unavailable_reason()
     if reason:

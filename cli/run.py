@@ -81,9 +81,9 @@ def _check(args: argparse.Namespace) -> int:
         print(f"camera {cam.name}: {cam.display}" + (" (password from password_file)" if cam.password_file else ""))
     if args.no_model:
         return 0
-    from edged.daemon.app import resolve_package
-    from edged.daemon.backend import open_backend
+    from edged.daemon.backends import open_backend
     from edged.daemon.decoders import build_decoder
+    from edged.daemon.loader import resolve_package
     from edged.daemon.swap import check_io
 
     pkg = resolve_package(cfg)

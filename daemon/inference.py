@@ -25,7 +25,7 @@ import numpy as np
 
 from edged.models.package import InputSpec
 
-from .backend import Backend
+from .backends import Backend
 from .capture import Camera, FrameMeta
 from .decoders import DecodeOptions, Decoder, Detection
 

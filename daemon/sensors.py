@@ -19,12 +19,14 @@ here raises for an absent or offline sensor.
               device/load (0-1000), cur_freq (Hz)
     power mode  <root>/var/lib/nvpmodel/status ("pmode:0002") named by <root>/etc/nvpmodel.conf
     memory    this process's RSS (/proc/self/status); MemAvailable and NvMapMemUsed from
-              <root>/proc/meminfo
+              <root>/proc/meminfo. `process_memory_mb()`: this process's RSS now and at its peak, read
+              when asked (admission, telemetry, the run summary), not by the governor's sampling
 """
 
 from __future__ import annotations
 
 import re
+import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,6 +223,26 @@ class Sensors:
             if int(mid) == ident:
                 return str(name)
         return f"mode {ident}"
+
+
+def process_memory_mb() -> dict[str, float]:
+    """This process's resident memory now (`rss_mb`) and at its peak (`peak_rss_mb`), from /proc/self/status;
+    where that cannot be read, only the peak, from getrusage."""
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    key = "rss_mb" if line.startswith("VmRSS") else "peak_rss_mb"
+                    out[key] = round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return out
+
+
+def rss_mb() -> float:
+    """This process's resident memory now, MiB (0.0 where /proc/self/status cannot be read)."""
+    return process_memory_mb().get("rss_mb", 0.0)
 
 
 def _kb_field(path: Path, key: str) -> float | None:

@@ -40,7 +40,7 @@ from edged.models.package import Package, verify_folder
 from edged.models.store import Store, crash_at_env_step
 from edged.models.validate import Tensor, check_input
 
-from .backend import Backend
+from .backends import Backend
 from .config import Config
 from .decoders import build_decoder
 from .governor import plan_swap

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from edged.daemon.trt import Precision, build_engine
+from edged.daemon.backends.tensorrt import Precision, build_engine
 from edged.errors import QuantizeError
 from edged.models.compat import l4t_release
 from edged.models.package import Package, publish_package, sha256_file

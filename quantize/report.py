@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.daemon.backend import OnnxRuntimeBackend
+from edged.daemon.backends import OnnxRuntimeBackend
 from edged.daemon.decoders import DecodeOptions, Detection, build_decoder
 from edged.daemon.preprocess import Preprocessor, Transform
 from edged.models.package import Manifest

@@ -19,7 +19,7 @@ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || { echo "gpu-che
 "$VENV/bin/edged" model fetch-demo >/dev/null || exit 1
 
 facts=$("$VENV/bin/python" - <<'EOF'
-from edged.daemon.trt import device_facts
+from edged.daemon.backends.tensorrt import device_facts
 f = device_facts()
 print(f"TensorRT {f.tensorrt}, compute capability {f.compute_capability}, L4T {f.l4t or 'n/a'}, {f.platform}")
 EOF

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper, save
 
-from edged.daemon.backend import OnnxRuntimeBackend
+from edged.daemon.backends import OnnxRuntimeBackend
 from edged.daemon.decoders import DecodeOptions, build_decoder
 from edged.daemon.preprocess import Preprocessor
 from edged.errors import DecoderError

@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edged.daemon.backend import OnnxRuntimeBackend
+from edged.daemon.backends import OnnxRuntimeBackend
 from edged.daemon.decoders import DecodeOptions, Detection, build_decoder
 from edged.daemon.preprocess import Preprocessor
 from edged.errors import DecoderError

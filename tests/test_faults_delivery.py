@@ -24,9 +24,10 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edged.daemon.app import Daemon, RunSummary
+from edged.daemon.app import Daemon
 from edged.daemon.config import load_config
 from edged.daemon.spool import Spool, SpoolError
+from edged.daemon.telemetry import RunSummary
 from edged.models.demo import DemoAssets
 
 from .conftest import REPO, Broker, Message, base_config, free_port, wait_until, write_config

@@ -22,12 +22,14 @@ import pytest
 from onnx import helper, numpy_helper
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edged.errors import PackageError
+from edged.daemon.config import load_config
+from edged.daemon.loader import resolve_package
+from edged.errors import ConfigError, PackageError
 from edged.models.demo import DemoAssets
 from edged.models.package import pack_tar, write_package
 from edged.models.signing import SigningKey, TrustStore
 from edged.models.store import Store
-from tests.conftest import Broker, DaemonProc, edged_cli, wait_until, write_config
+from tests.conftest import Broker, DaemonProc, base_config, edged_cli, wait_until, write_config
 from tests.test_ota import MODEL, build, device_doc, install, serving, slow_variant, store_view, wait_results
 
 
@@ -438,3 +440,20 @@ def test_a_read_only_state_dir_is_one_clear_error(
     finally:
         subprocess.run(["umount", str(state)], check=False)
     assert state_doc(state) == before
+
+
+def test_a_config_with_no_model_is_a_config_error(demo: DemoAssets, tmp_path: Path) -> None:
+    """The validator asks for exactly one of model.package and model.name; a Config built around it (model_copy
+    does not validate) gets a ConfigError that names the two keys when the model is resolved, not an assert."""
+
+    class Nowhere:
+        host, port = "127.0.0.1", 1
+
+    cfg = load_config(
+        write_config(
+            tmp_path / "c.yaml", base_config(Nowhere(), demo, tmp_path, [{"name": "a", "uri": "synthetic://"}])
+        )
+    )
+    no_model = cfg.model_copy(update={"model": cfg.model.model_copy(update={"package": None, "name": None})})
+    with pytest.raises(ConfigError, match=r"exactly one of model\.package .* or model\.name"):
+        resolve_package(no_model)

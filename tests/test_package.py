@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edged.daemon.backend import OnnxRuntimeBackend, open_backend
+from edged.daemon.backends import OnnxRuntimeBackend, open_backend
 from edged.errors import BackendError, EngineLoadError, PackageError
 from edged.models.demo import DemoAssets
 from edged.models.package import open_package

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import pytest
 
-from edged.daemon.backend import OnnxRuntimeBackend
+from edged.daemon.backends import OnnxRuntimeBackend
 from edged.errors import PackageError
 from edged.models.demo import DemoAssets
 from edged.models.rebatch import rebatch

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from edged.daemon.app import Daemon
-from edged.daemon.backend import OnnxRuntimeBackend, TensorInfo
+from edged.daemon.backends import OnnxRuntimeBackend, TensorInfo
 from edged.daemon.config import load_config
 from edged.models.demo import DemoAssets
 from tests.conftest import base_config, free_port, wait_until, write_config

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edged.daemon.backend import OnnxRuntimeBackend, open_backend, tensorrt_unavailable_reason
+from edged.daemon.backends import OnnxRuntimeBackend, open_backend, tensorrt_unavailable_reason
 from edged.errors import BackendError
 from edged.models.demo import DemoAssets
 from edged.models.package import verify_folder, write_package

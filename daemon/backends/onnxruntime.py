@@ -1,62 +1,19 @@
-"""Inference backends behind one interface (DESIGN.md §3), in the shape of Polygraphy's runners.
+"""ONNX Runtime: CPU by default, CUDA / TensorRT execution providers where installed.
 
-A backend is opened on a model file, reports its I/O spec and memory footprint, runs
-``infer({input_name: batch}) -> {output_name: array}``, and is closed (``close()`` frees what it
-holds; it is a context manager; ``__del__`` frees nothing). Heavy imports happen inside the
-backend, and a missing one is reported with its reason.
+``onnxruntime`` is imported when a backend opens, so a machine without it gets "onnxruntime backend
+unavailable: <reason>" instead of an ImportError at import time.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from edged.errors import BackendError, EngineLoadError, InferenceError
 
-logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-
-
-class Backend(Protocol):
-    name: str
-    # True when inference runs on this process's CPU threads: its cost is then judged on CPU time, which
-    # other processes' load does not inflate (wall time does, several-fold on a busy device); a GPU
-    # backend's cost is its wall time.
-    cpu_bound: bool
-
-    @property
-    def inputs(self) -> list[TensorInfo]: ...
-
-    @property
-    def outputs(self) -> list[TensorInfo]: ...
-
-    @property
-    def memory_bytes(self) -> int: ...
-
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run one batch. The arrays returned belong to the caller, who may keep them while the next
-        batch runs (a backend with preallocated output buffers returns copies)."""
-
-    def close(self) -> None: ...
-
-    def __enter__(self) -> Backend: ...
-
-    def __exit__(
-        self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None: ...
-
+from .base import TensorInfo
 
 _ORT_TYPES = {
     "tensor(float)": "float32",
@@ -154,47 +111,3 @@ class OnnxRuntimeBackend:
 
     def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
-
-
-def tensorrt_unavailable_reason() -> str | None:
-    """Why the TensorRT backend cannot run here, or None when tensorrt imports and a GPU is visible."""
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError as exc:
-        return f"tensorrt backend unavailable: {exc}"
-    if not any(Path(p).exists() for p in ("/dev/nvidia0", "/dev/nvhost-gpu", "/dev/nvgpu/igpu0/ctrl")):
-        return "tensorrt backend unavailable: no NVIDIA GPU device node"
-    return None
-
-
-def open_backend(
-    kind: Literal["onnx", "engine"],
-    model: Path,
-    choice: Literal["auto", "onnxruntime", "tensorrt"] = "auto",
-    threads: int = 0,
-    providers: tuple[str, ...] = ("cpu",),
-    compatibility: dict[str, Any] | None = None,
-    has_onnx: bool = False,
-) -> Backend:
-    """Pick and open a backend. `auto`: TensorRT for engines, ONNX Runtime for ONNX models.
-
-    An engine's `compatibility` (from its manifest) is checked against this device before TensorRT
-    deserializes it; `has_onnx` says whether the package carries the ONNX model to rebuild from."""
-    if kind == "engine":
-        if choice == "onnxruntime":
-            raise BackendError(f"{model}: a TensorRT engine cannot run on the onnxruntime backend")
-        reason = tensorrt_unavailable_reason()
-        if reason:
-            raise BackendError(f"{model}: {reason}")
-        from .trt import TensorRTBackend
-
-        logger.info("opening %s on tensorrt (pid %d)", model, os.getpid())
-        return TensorRTBackend(model, compatibility or {}, has_onnx)
-    if choice == "tensorrt":
-        reason = tensorrt_unavailable_reason()
-        raise BackendError(
-            f"{model}: backend 'tensorrt' takes a TensorRT engine package (edged build-engine), this is an ONNX "
-            "model" + (f" ({reason})" if reason else "")
-        )
-    logger.info("opening %s on onnxruntime (threads=%s, providers=%s, pid %d)", model, threads, providers, os.getpid())
-    return OnnxRuntimeBackend(model, threads=threads, providers=providers)

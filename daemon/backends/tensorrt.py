@@ -25,7 +25,7 @@ import numpy as np
 from edged.errors import BackendError, EngineLoadError, InferenceError
 from edged.models.compat import DeviceFacts, check_engine
 
-from .backend import TensorInfo
+from .base import TensorInfo
 
 logger = logging.getLogger(__name__)
 

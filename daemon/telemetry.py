@@ -1,0 +1,181 @@
+"""Telemetry: the retained ``<prefix>/<device>/telemetry`` document and systemd's one-line ``STATUS=``.
+
+The daemon publishes `Telemetry.document()` every ``telemetry.interval_s`` (QoS 0, retained) and once more
+at a clean stop; rates (fps) are over the time since the previous document. `status_line()` is what
+``systemctl status`` shows, with the frame rate of the last interval. `summary()`: what a run did, once it
+has stopped (`edged run` prints it).
+
+    {"schema": "edged.telemetry/1", "device", "boot_id", "ts", "uptime_s",
+     "cameras": {<name>: {state, fps, frames, drops, reconnects, stalls, errors, capture_to_result_ms}},
+     "inference": {backend, model, swaps, batch, fps, batches, rows, padded_rows, errors, infer_ms, ...},
+     "mqtt": {...}, "memory": {rss_mb, peak_rss_mb, model_mb, budget_mb, ...}, "governor": {...},
+     "sensors": {...}, "ota": {...} | null}
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .capture import Camera
+from .config import Config
+from .governor import Governor
+from .inference import InferenceLoop, Result, Window
+from .ota import OtaReceiver
+from .publish import Publisher, iso
+from .sensors import process_memory_mb
+from .swap import ModelManager
+
+TELEMETRY_SCHEMA = "edged.telemetry/1"
+
+
+@dataclass
+class RunSummary:
+    results: int  # results produced by inference
+    batches: int
+    peak_rss_mb: float
+    seconds: float
+    stop_reason: str = ""  # set when the governor stopped the daemon (hard memory limit, critical heat)
+    spooled: int = 0  # messages (results and events) written to the spool
+    delivered: int = 0  # messages the broker acknowledged (PUBACK), or sent at QoS 0; deleted from the spool
+    left_in_spool: int = 0  # messages in the spool file after stop, sent at the next start
+    lost: int = 0  # messages dropped: spool bounds, queue full, oversized, not writable, a corrupt spool
+    failure: str = ""  # set when a thread died and the daemon stopped for systemd to restart it
+
+
+class Configured(Protocol):
+    """Who holds the config in force (the daemon): a reload replaces `cfg`, so readers take it afresh."""
+
+    cfg: Config
+
+
+class Telemetry:
+    """Assembles the telemetry document and the status line from the running parts; keeps the per-camera
+    capture-to-result latency windows (`record`, for every result) and the rates' previous sample."""
+
+    def __init__(
+        self,
+        host: Configured,
+        boot_id: str,
+        started: float,
+        backend_name: str,
+        cameras: list[Camera],
+        loop: InferenceLoop,
+        models: ModelManager,
+        publisher: Publisher,
+        governor: Governor | None,
+        ota: OtaReceiver | None,
+    ) -> None:
+        """`started`: the daemon's start, time.monotonic(). `backend_name`: the backend it started on."""
+        self.host = host
+        self.boot_id = boot_id
+        self.started = started
+        self.backend_name = backend_name
+        self.cameras = cameras
+        self.loop = loop
+        self.models = models
+        self.publisher = publisher
+        self.governor = governor
+        self.ota = ota
+        self.cam_latency = {c.name: Window() for c in cameras}
+        self._last = (time.monotonic(), 0, {c.name: 0 for c in cameras})  # when, rows, frames per camera
+        self.fps = 0.0  # results per second over the last interval, for the status line
+
+    def record(self, r: Result) -> None:
+        self.cam_latency[r.camera].add(r.capture_to_result_ms)
+
+    def status_line(self) -> str:
+        st = self.loop.stats
+        package = self.models.package
+        up = sum(1 for c in self.cameras if c.live)
+        level = self.governor.policy.level.label if self.governor else "off"
+        p = self.publisher
+        return (
+            f"{self.fps:.1f} fps, {up}/{len(self.cameras)} cameras up, batch {package.manifest.input.batch}, "
+            f"{package.ref} on {self.backend_name}, broker {'up' if p.connected else 'down'}, thermal {level}, "
+            f"spool {p.spool.rows}{'' if p.spool_state == 'ok' else ' (failing)'}, {st.errors} errors"
+        )
+
+    def document(self) -> dict[str, Any]:
+        """The telemetry document now; its rates are over the time since the previous one."""
+        cfg = self.host.cfg
+        now = time.monotonic()
+        t0, rows0, frames0 = self._last
+        dt_s = max(1e-6, now - t0)
+        st = self.loop.stats
+        cams = {}
+        for c in self.cameras:
+            s = c.stats
+            cams[c.name] = {
+                "state": s.state,
+                "fps": round((s.frames - frames0.get(c.name, 0)) / dt_s, 2),
+                "frames": s.frames,
+                "drops": s.drops,
+                "reconnects": s.reconnects,
+                "stalls": s.stalls,
+                "errors": s.errors,
+                "capture_to_result_ms": self.cam_latency[c.name].percentiles(),
+            }
+            if s.last_error:
+                cams[c.name]["last_error"] = s.last_error
+        self._last = (now, st.rows, {c.name: c.stats.frames for c in self.cameras})
+        self.fps = (st.rows - rows0) / dt_s
+        gov: dict[str, Any] = self.governor.telemetry() if self.governor else {"level": "off"}
+        memory: dict[str, Any] = {
+            **process_memory_mb(),
+            "model_mb": round(self._model_bytes() / 2**20, 1),
+            "budget_mb": cfg.memory.budget_mb,
+            "rss_slope_mb_per_min": gov.pop("rss_slope_mb_per_min", None),
+        }
+        sensors: dict[str, Any] = gov.pop("sensors", {})
+        for key in ("mem_available_mb", "nvmap_mb"):
+            if key in sensors:
+                memory[key] = sensors.pop(key)
+        package = self.models.package
+        return {
+            "schema": TELEMETRY_SCHEMA,
+            "device": cfg.device_id,
+            "boot_id": self.boot_id,
+            "ts": iso(time.time()),
+            "uptime_s": round(now - self.started, 1),
+            "cameras": cams,
+            "inference": {
+                "backend": self.backend_name,
+                "model": package.ref,
+                "swaps": self.models.swaps,
+                "batch": package.manifest.input.batch,
+                "fps": round((st.rows - rows0) / dt_s, 2),
+                "batches": st.batches,
+                "rows": st.rows,
+                "padded_rows": st.padded_rows,
+                "errors": st.errors,
+                "infer_ms": st.infer_ms.percentiles(),
+                "capture_to_result_ms": st.capture_to_result_ms.percentiles(),
+            },
+            "mqtt": self.publisher.stats(),
+            "memory": memory,
+            "governor": gov,
+            "sensors": sensors,
+            "ota": self.ota.stats() if self.ota is not None else None,
+        }
+
+    def summary(self, stop_reason: str, failure: str) -> RunSummary:
+        """What the run did, once it has stopped and the publisher has given its last count."""
+        st, p = self.loop.stats, self.publisher
+        return RunSummary(
+            st.rows,
+            st.batches,
+            process_memory_mb().get("peak_rss_mb", 0.0),
+            time.monotonic() - self.started,
+            stop_reason,
+            spooled=p.spooled,
+            delivered=p.acked + p.sent_qos0,
+            left_in_spool=p.left_in_spool,
+            lost=p.spool.dropped + p.spool.dropped_unsaved + p.spool.lost + p.dropped_queue_full + p.oversized,
+            failure=failure,
+        )
+
+    def _model_bytes(self) -> int:
+        active = self.loop.active
+        return active.backend.memory_bytes if active is not None else 0
