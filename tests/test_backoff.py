@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from edged.daemon.backoff import Backoff
 from edged.models.demo import DemoAssets
+from edged.protocol.backoff import Backoff
 
 from .conftest import Broker, base_config, wait_until, write_config
 

@@ -23,15 +23,11 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel, ConfigDict
 
-from edged.daemon.commands import (
-    MAX_COMMAND_BYTES,
-    CommandError,
-    Commands,
-    NoArgs,
-    parse_payload,
-    response_topic_allowed,
-)
+from edged.daemon.commands import Commands, NoArgs
+from edged.errors import CommandError
 from edged.models.demo import DemoAssets
+from edged.protocol.commands import MAX_COMMAND_BYTES, parse_payload
+from edged.protocol.topics import response_topic_allowed
 
 from .conftest import base_config, free_port, wait_until, write_config
 
