@@ -38,6 +38,7 @@ from edged.errors import Code, EdgedError, EngineLoadError, SwapError
 from edged.models.footprint import activation_bytes
 from edged.models.package import Package, verify_folder
 from edged.models.store import Store, crash_at_env_step
+from edged.protocol.schemas import MODEL_STATE_SCHEMA
 
 from .backend import Backend
 from .config import Config
@@ -50,7 +51,6 @@ logger = logging.getLogger(__name__)
 # a refusal that is the model's own fault: the version is marked bad and never retried
 MODEL_FAULTS = frozenset({Code.GOLDEN_MISMATCH, Code.GOLDEN_INVALID, Code.MODEL_LOAD_FAILED, Code.DECODER_MISMATCH})
 
-MODEL_STATE_SCHEMA = "edged.model-state/1"
 SWAP_STEPS = ("swap_loaded", "swap_flipped")
 LATENCY_MIN_BATCHES = 20  # batches on the new model before its median batch time is judged
 

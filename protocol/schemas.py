@@ -1,8 +1,8 @@
 """Schema ids of every JSON payload edged sends, their JSON Schemas (shipped in ``schemas/``), and the
 builders of the payloads whose shape the contract fixes.
 
-Every JSON document a device publishes carries its schema id in ``"schema"`` (the status and the
-model state predate that and do not), so a subscriber can tell versions apart; a change that breaks a
+Every JSON document a device publishes carries its schema id in ``"schema"`` (the retained status
+predates that and does not), so a subscriber can tell versions apart; a change that breaks a
 subscriber gets a new id (``edged.result/2``), an addition does not.
 """
 
@@ -20,7 +20,7 @@ TELEMETRY_SCHEMA = "edged.telemetry/1"
 REPLY_SCHEMA = "edged.reply/1"
 OTA_SCHEMA = "edged.ota/1"  # ota/status
 STATUS_SCHEMA = "edged.status/1"  # not in the payload (it predates schema ids): the schema file's $id
-MODEL_STATE_SCHEMA = "edged.model_state/1"  # likewise
+MODEL_STATE_SCHEMA = "edged.model-state/1"
 OTA_OFFER_SCHEMA = "edged.ota_offer/1"  # the cmd/ota arguments; likewise
 OTA_REQUEST_SCHEMA = "edged.ota_request/1"  # ota/req; likewise
 OTA_CHUNK_HEADER_SCHEMA = "edged.ota_chunk/1"  # an ota/data chunk's header; likewise
