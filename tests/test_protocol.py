@@ -77,7 +77,9 @@ def test_a_real_daemon_run_speaks_the_contract(
     d = start_daemon(write_config(tmp_path / "c.yaml", doc))
     root = topics.device_root("edged", "test-01")
     wait_until(
-        lambda: len(sub.results()) >= 5 and _on(sub, topics.telemetry(root)) and _on(sub, topics.events(root)),
+        lambda: (
+            len(sub.results()) >= 5 and bool(_on(sub, topics.telemetry(root))) and bool(_on(sub, topics.events(root)))
+        ),
         90,
         "results, telemetry and an event",
     )
