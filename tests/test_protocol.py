@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import paho.mqtt.client as mqtt
@@ -59,7 +60,7 @@ def test_every_shipped_schema_is_valid_and_names_its_id() -> None:
         assert doc["$id"] == schema_id, name
 
 
-def _on(sub, topic: str) -> list[dict]:
+def _on(sub, topic: str) -> list[dict[str, Any]]:
     with sub.lock:
         return [m.json() for m in sub.messages if m.topic == topic]
 
