@@ -1,4 +1,4 @@
-"""Full-jitter back-off (daemon/backoff.py): the helper's distribution, and a fleet of real daemons
+"""Full-jitter back-off (protocol/backoff.py): the helper's distribution, and a fleet of real daemons
 that lost their broker at the same instant reconnecting apart rather than in lockstep."""
 
 from __future__ import annotations

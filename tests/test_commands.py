@@ -403,7 +403,7 @@ def _video_4k(path: Path, demo: DemoAssets) -> Path:
 def test_snapshot_of_a_4k_camera_fits_the_cap(
     broker, subscribe, start_daemon, demo: DemoAssets, tmp_path: Path
 ) -> None:
-    from edged.daemon.publish import MAX_PAYLOAD_BYTES
+    from edged.protocol.client import MAX_PAYLOAD_BYTES
 
     video = _video_4k(tmp_path / "4k.avi", demo)
     first = cv2.VideoCapture(str(video)).read()[1]
