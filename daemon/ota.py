@@ -5,6 +5,8 @@
     pusher ── ota/data [2-byte header length][header JSON][bytes] ──> device
     device ── ota/status {transfer, state, bytes, total, error} ──> pusher   (QoS 1, retained)
 
+(The framing, the offer's format and the states are the wire contract's: `edged.protocol.ota`.)
+
 The device asks only for bytes inside each file's declared size and writes a chunk only where it
 asked, so nothing is ever written past a declared size. A chunk is checked on arrival, on paho's
 network thread, against the requests in flight (transfer, file, offset, length): anything nobody
