@@ -55,8 +55,9 @@ from edged.daemon.config import load_config
 from edged.daemon.decoders import DecodeOptions, build_decoder
 from edged.daemon.inference import Result
 from edged.daemon.preprocess import Preprocessor
-from edged.daemon.publish import make_client, result_payload
+from edged.daemon.publish import result_payload
 from edged.models.demo import fetch_demo
+from edged.protocol.client import make_client
 
 DEVICE = "bench-01"
 

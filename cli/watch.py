@@ -21,9 +21,9 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edged.daemon.config import MqttConfig
-from edged.daemon.publish import make_client
 from edged.errors import PublishError
+from edged.protocol import topics
+from edged.protocol.client import MqttSettings, make_client
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,7 +65,7 @@ def line_for(topic: str, doc: dict[str, Any]) -> str:
 
 
 def watch(
-    cfg: MqttConfig,
+    cfg: MqttSettings,
     device_id: str,
     duration_s: float | None,
     count: int | None,
@@ -77,11 +77,11 @@ def watch(
     """Print messages until `duration_s` passes or `count` results arrived; return results seen."""
     inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
     client = make_client(cfg, f"edged-watch-{int(time.time() * 1000) % 10**9}")
-    root = f"{cfg.topic_prefix}/{device_id}"
+    root = topics.device_root(cfg.topic_prefix, device_id)
 
     def on_connect(c: mqtt.Client, u: Any, f: Any, rc: ReasonCode, p: Properties | None) -> None:
         if not rc.is_failure:
-            c.subscribe(f"{root}/#", qos=1)
+            c.subscribe(topics.everything(root), qos=1)
 
     client.on_connect = on_connect
     client.on_message = lambda c, u, msg: inbox.put((msg.topic, bytes(msg.payload)))
@@ -129,7 +129,7 @@ def watch(
             else:
                 import cv2
 
-                from edged.daemon.annotate import draw
+                from edged.daemon.annotate import draw  # OpenCV drawing, only for --snapshot
 
                 cv2.imwrite(str(snapshot), draw(frame, best["detections"]))
                 print(

@@ -10,7 +10,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from .commands import CommandError
+from edged.errors import Code, CommandError
 
 
 def draw(frame: np.ndarray, detections: Iterable[dict[str, Any]]) -> np.ndarray:
@@ -41,7 +41,7 @@ class Jpeg:
 def _encode(img: np.ndarray, quality: int) -> bytes:
     ok, jpg = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, quality])
     if not ok:
-        raise CommandError("failed", f"JPEG encoding of a {img.shape[1]}x{img.shape[0]} frame failed")
+        raise CommandError(Code.FAILED, f"JPEG encoding of a {img.shape[1]}x{img.shape[0]} frame failed")
     return bytes(jpg.tobytes())
 
 
@@ -62,7 +62,8 @@ def fit_jpeg(img: np.ndarray, cap: int, qualities: Sequence[int] = SNAPSHOT_QUAL
         sw, sh = round(w * scale), round(h * scale)
         if min(sw, sh) < MIN_SNAPSHOT_SIDE:
             raise CommandError(
-                "too_large", f"a {w}x{h} frame does not fit {cap} bytes even at quality {q} and {MIN_SNAPSHOT_SIDE} px"
+                Code.TOO_LARGE,
+                f"a {w}x{h} frame does not fit {cap} bytes even at quality {q} and {MIN_SNAPSHOT_SIDE} px",
             )
         data = _encode(cv2.resize(img, (sw, sh), interpolation=cv2.INTER_AREA), q)
         if len(data) <= cap:

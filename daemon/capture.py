@@ -30,8 +30,8 @@ import cv2
 import numpy as np
 
 from edged.errors import CaptureError
+from edged.protocol.backoff import Backoff
 
-from .backoff import Backoff
 from .config import CameraConfig
 from .netcam import open_http, probe_rtsp
 from .preprocess import Preprocessor, Transform

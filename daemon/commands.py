@@ -29,6 +29,10 @@ Retained commands are acted on only when the verb is idempotent (a retained ``re
 re-run at every reconnect). Commands run one at a time on their own thread, off paho's network
 thread; no exception escapes to paho. Verbs are registered by the daemon (``register``); later
 parts add model verbs the same way.
+
+The wire side (strict payload parsing, ``expires_at``, reply documents, allowed response topics, the
+error codes) is the contract's, in `edged.protocol.commands` and `edged.protocol.topics`; this module
+runs commands by it.
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ import contextlib
 import json
 import logging
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -50,19 +53,14 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from edged.errors import Code, CommandError
+from edged.protocol import topics
+from edged.protocol.commands import EXPIRES_AT, MAX_COMMAND_BYTES, check_not_expired, parse_payload, reply_doc
+from edged.protocol.topics import response_topic_allowed
+
+__all__ = ["CommandError", "Commands", "NoArgs", "Verb"]  # CommandError: edged.errors'; the verbs raise it
+
 logger = logging.getLogger(__name__)
-
-MAX_COMMAND_BYTES = 16 * 1024
-MAX_DEPTH = 16
-REPLY_SCHEMA = "edged.reply/1"
-_PUSH_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
-EXPIRES_AT = "expires_at"  # the payload's own expiry, for senders without MQTT v5; not part of any verb's schema
-
-
-class CommandError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class NoArgs(BaseModel):
@@ -78,93 +76,6 @@ class Verb:
     handler: Handler
     idempotent: bool
     max_bytes: int = MAX_COMMAND_BYTES
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise CommandError("duplicate_key", f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
-def _no_constants(name: str) -> Any:
-    raise CommandError("not_a_number", f"{name} is not allowed")
-
-
-def _depth(value: Any, limit: int) -> None:
-    stack = [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        if d > limit:
-            raise CommandError("too_deep", f"nested more than {limit} levels")
-        if isinstance(v, dict):
-            stack.extend((x, d + 1) for x in v.values())
-        elif isinstance(v, list):
-            stack.extend((x, d + 1) for x in v)
-
-
-def parse_payload(payload: bytes, cap: int = MAX_COMMAND_BYTES) -> dict[str, Any]:
-    """Strictly parse a command payload into a JSON object; raise CommandError(code, message)."""
-    if len(payload) > cap:
-        raise CommandError("too_large", f"{len(payload)} bytes, over the {cap} byte cap")
-    if not payload:  # what clearing a retained message delivers: never a command
-        raise CommandError("empty", "an empty payload is not a command; send {} for no arguments")
-    try:
-        text = payload.decode("utf-8", errors="strict")
-    except UnicodeDecodeError as exc:
-        raise CommandError("not_utf8", f"not UTF-8: {exc.reason} at byte {exc.start}") from exc
-    try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
-    except RecursionError as exc:
-        raise CommandError("too_deep", f"nested more than {MAX_DEPTH} levels") from exc
-    except ValueError as exc:  # json.JSONDecodeError is a ValueError
-        raise CommandError("invalid_json", f"not valid JSON: {exc}") from exc
-    _depth(doc, MAX_DEPTH)
-    if not isinstance(doc, dict):
-        raise CommandError("not_an_object", f"the payload must be a JSON object, not {type(doc).__name__}")
-    return doc
-
-
-def parse_expires_at(value: Any) -> datetime:
-    """`expires_at` as an aware UTC datetime; ISO-8601 with its offset (``Z`` or ``+00:00``), never naive."""
-    if not isinstance(value, str) or len(value) > 64:
-        raise CommandError("invalid_arguments", f"{EXPIRES_AT}: an ISO-8601 string, e.g. 2026-11-30T14:00:00Z")
-    text = value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise CommandError("invalid_arguments", f"{EXPIRES_AT}: {value!r} is not an ISO-8601 timestamp") from exc
-    if when.tzinfo is None or when.utcoffset() is None:
-        raise CommandError(
-            "invalid_arguments", f"{EXPIRES_AT}: {value!r} has no UTC offset (write 2026-11-30T14:00:00Z)"
-        )
-    return when.astimezone(timezone.utc)
-
-
-def check_not_expired(expires_at: Any, now: datetime) -> None:
-    """Raise CommandError('expired') when the payload's `expires_at` is not after `now` (aware, UTC)."""
-    when = parse_expires_at(expires_at)
-    if when <= now:
-        late = (now - when).total_seconds()
-        raise CommandError(
-            "expired",
-            f"the command expired at {when.isoformat().replace('+00:00', 'Z')} ({late:.1f} s ago by this device's "
-            "clock); it was not run",
-        )
-
-
-def response_topic_allowed(topic: str, root: str) -> bool:
-    """Whether a device whose topics are under `root` (``<prefix>/<device>``) may reply on `topic`."""
-    if not topic or len(topic.encode()) > 1024 or any(c in topic for c in "+#\x00") or topic.startswith("$"):
-        return False
-    if topic.startswith(root + "/reply/") and "//" not in topic:
-        return True
-    prefix = root.rpartition("/")[0]
-    head, _, rest = topic.partition(prefix + "/_push/")
-    token, _, tail = rest.partition("/")
-    return head == "" and tail == "reply" and _PUSH_ID.fullmatch(token) is not None
 
 
 class Commands:
@@ -211,11 +122,10 @@ class Commands:
         try:
             self._q.put_nowait((msg, self._clock()))
         except queue.Full:
-            self._answer(msg, self._verb_of(msg.topic), error=CommandError("busy", "too many commands waiting"))
+            self._answer(msg, self._verb_of(msg.topic), error=CommandError(Code.BUSY, "too many commands waiting"))
 
     def _verb_of(self, topic: str) -> str:
-        prefix = self.root + "/cmd/"
-        return topic[len(prefix) :] if topic.startswith(prefix) else ""
+        return topics.verb_of(self.root, topic)
 
     def _run(self) -> None:
         while (item := self._q.get()) is not None:
@@ -234,13 +144,13 @@ class Commands:
             except Exception as exc:  # a loop boundary: the daemon keeps serving
                 self.rejected += 1
                 logger.exception("command %s failed", verb)
-                self._answer(msg, verb, error=CommandError("failed", f"{type(exc).__name__}: {exc}"))
+                self._answer(msg, verb, error=CommandError(Code.FAILED, f"{type(exc).__name__}: {exc}"))
 
     def _check_response_topic(self, msg: MQTTMessage) -> None:
         topic = self._response_topic(msg)
         if topic is not None and not response_topic_allowed(topic, self.root):
             raise CommandError(
-                "bad_response_topic",
+                Code.BAD_RESPONSE_TOPIC,
                 f"response topic {topic[:200]!r} is outside this device's reply topics ({self.root}/reply/… or "
                 f"{self.root.rpartition('/')[0]}/_push/<id>/reply); the command was not run",
             )
@@ -255,7 +165,7 @@ class Commands:
         waited = self._clock() - received
         if waited > left + 1:
             raise CommandError(
-                "expired",
+                Code.EXPIRED,
                 f"the command's Message Expiry Interval ran out while it waited on the device ({left} s left when "
                 f"it arrived, {waited:.1f} s ago); it was not run",
             )
@@ -269,9 +179,9 @@ class Commands:
     def execute(self, verb: str, payload: bytes, retained: bool = False) -> dict[str, Any]:
         spec = self.verbs.get(verb)
         if spec is None:
-            raise CommandError("unknown_verb", f"unknown verb {verb!r}; known: {', '.join(sorted(self.verbs))}")
+            raise CommandError(Code.UNKNOWN_VERB, f"unknown verb {verb!r}; known: {', '.join(sorted(self.verbs))}")
         if retained and not spec.idempotent:
-            raise CommandError("retained_ignored", f"a retained {verb!r} is not acted on (it is not idempotent)")
+            raise CommandError(Code.RETAINED_IGNORED, f"a retained {verb!r} is not acted on (it is not idempotent)")
         doc = parse_payload(payload, spec.max_bytes)
         if EXPIRES_AT in doc:
             check_not_expired(doc.pop(EXPIRES_AT), self._wall())
@@ -283,20 +193,16 @@ class Commands:
                                                              else e["msg"])
                 for e in exc.errors()
             )  # fmt: skip
-            raise CommandError("invalid_arguments", problems or "invalid arguments") from exc
+            raise CommandError(Code.INVALID_ARGUMENTS, problems or "invalid arguments") from exc
         return spec.handler(args)
 
     def _answer(self, msg: MQTTMessage, verb: str, result: dict[str, Any] | None = None,
                 error: CommandError | None = None) -> None:  # fmt: skip
-        doc: dict[str, Any] = {"schema": REPLY_SCHEMA, "verb": verb, "ok": error is None}
-        if error is None:
-            doc["result"] = result or {}
-        else:
-            doc["error"] = {"code": error.code, "message": str(error)[:500]}
+        doc = reply_doc(verb, result, error)
         in_props = getattr(msg, "properties", None)
         topic = self._response_topic(msg)
         if topic is None or not response_topic_allowed(topic, self.root):
-            topic = f"{self.root}/cmd/{verb or 'unknown'}/reply"
+            topic = topics.command_reply(self.root, verb)
         props = None
         corr = getattr(in_props, "CorrelationData", None) if in_props is not None else None
         if corr is not None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edged.errors import InferenceError
 from edged.models.package import InputSpec
 
 from .backends import Backend
@@ -170,8 +171,10 @@ class InferenceLoop:
 
     def warm_up(self, batches: int) -> float:
         """Run `batches` batches of padding before serving; return the last one's time in ms."""
-        assert self.active is not None
-        return warm_up(self.active.backend, self.spec, batches)
+        active = self.active
+        if active is None:
+            raise InferenceError("no model to warm up: the loop holds none (a stop-the-world swap is in progress)")
+        return warm_up(active.backend, self.spec, batches)
 
     def flip(self, new: ActiveModel | None, timeout_s: float = 60.0) -> ActiveModel | None:
         """Make `new` the model between two batches (None: hold the loop); return the one it replaced.

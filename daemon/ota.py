@@ -5,6 +5,8 @@
     pusher ── ota/data [2-byte header length][header JSON][bytes] ──> device
     device ── ota/status {transfer, state, bytes, total, error} ──> pusher   (QoS 1, retained)
 
+(The framing, the offer's format and the states are the wire contract's: `edged.protocol.ota`.)
+
 The device asks only for bytes inside each file's declared size and writes a chunk only where it
 asked, so nothing is ever written past a declared size. A chunk is checked on arrival, on paho's
 network thread, against the requests in flight (transfer, file, offset, length): anything nobody
@@ -27,15 +29,12 @@ requests in flight to the new id and asks them again at once, so the transfer do
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import logging
 import os
 import queue
 import shutil
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -44,75 +43,34 @@ from pathlib import Path
 from typing import Any
 
 from paho.mqtt.client import MQTTMessage
-from pydantic import BaseModel, ConfigDict, Field
 
-from edged.errors import EdgedError, PackageError
+from edged.errors import Code, CommandError, EdgedError, PackageError, ProtocolError
 from edged.models.compat import detect
 from edged.models.package import MANIFEST, sha256_file
 from edged.models.signing import SIG_FILE, TrustStore
 from edged.models.store import Offer, Store, write_atomic
+from edged.protocol import topics
+from edged.protocol.backoff import Backoff
+from edged.protocol.ota import (
+    MAX_HEADER_BYTES,
+    MAX_OFFER_BYTES,
+    ChunkRequest,
+    OfferArgs,
+    OtaState,
+    chunk_key,
+    offer_payload,
+    status_doc,
+)
 
-from .backoff import Backoff
-from .commands import CommandError
 from .config import OtaConfig
+
+__all__ = ["MAX_OFFER_BYTES", "OfferArgs", "OtaReceiver", "Transfer"]  # the offer's format: edged.protocol.ota
 
 logger = logging.getLogger(__name__)
 
-OTA_SCHEMA = "edged.ota/1"
-MAX_OFFER_BYTES = 512 * 1024  # a base64 manifest of up to 256 KiB and its signature
 PROGRESS_EVERY = 1 << 20  # fsync and persist progress at least every MiB
 MAX_REASK_S = 60.0  # the most the jittered part of the wait before asking again can grow to
 DROP_LOG_EVERY_S = 60.0  # at most one log line a minute about chunks dropped on arrival
-
-
-class OfferArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    transfer: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    manifest: str  # base64 of the exact manifest.json bytes
-    sig: str  # base64 of manifest.sig
-
-
-def pack_chunk(header: dict[str, Any], data: bytes) -> bytes:
-    h = json.dumps(header, separators=(",", ":")).encode()
-    return struct.pack(">H", len(h)) + h + data
-
-
-def unpack_chunk(payload: bytes) -> tuple[dict[str, Any], bytes]:
-    header, start = _chunk_header(payload)
-    return header, payload[start:]
-
-
-def _chunk_header(payload: bytes | bytearray) -> tuple[dict[str, Any], int]:
-    """A chunk's header and where its data starts; the data itself is not copied."""
-    if len(payload) < 2:
-        raise ValueError("short chunk")
-    (n,) = struct.unpack(">H", payload[:2])
-    try:
-        header = json.loads(payload[2 : 2 + n], parse_constant=_not_a_number)
-    except RecursionError as exc:  # a 64 KiB header can nest deeper than the parser's stack
-        raise ValueError("chunk header nested too deep") from exc
-    if not isinstance(header, dict):
-        raise ValueError("chunk header is not an object")
-    return header, 2 + n
-
-
-def _not_a_number(name: str) -> Any:
-    raise ValueError(f"{name} in a chunk header")
-
-
-def chunk_key(payload: bytes | bytearray) -> tuple[tuple[str, str, int], int]:
-    """(transfer, file, offset) of a chunk and where its data starts; ValueError for anything else (a
-    hostile peer's header: not JSON, not an object, fields missing, an offset that is no whole number)."""
-    header, start = _chunk_header(payload)
-    try:
-        transfer, name, offset = header["transfer"], header["file"], header["offset"]
-    except KeyError as exc:
-        raise ValueError(f"chunk header without {exc}") from exc
-    if not isinstance(transfer, str) or not isinstance(name, str):
-        raise ValueError("chunk header: transfer and file must be strings")
-    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-        raise ValueError(f"chunk header: offset {offset!r} is not a byte offset")
-    return (transfer, name, offset), start
 
 
 @dataclass
@@ -194,26 +152,22 @@ class OtaReceiver:
     @property
     def max_message_bytes(self) -> int:
         """The largest legitimate message on ota/data: a whole chunk and the longest header its framing allows."""
-        return self.cfg.chunk_kb * 1024 + 2 + 0xFFFF
+        return self.cfg.chunk_kb * 1024 + 2 + MAX_HEADER_BYTES
 
     # ---- the offer (command thread) --------------------------------------------------------
     def offer(self, args: OfferArgs) -> dict[str, Any]:
-        try:
-            manifest_bytes = base64.b64decode(args.manifest, validate=True)
-            sig_bytes = base64.b64decode(args.sig, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise CommandError("invalid_arguments", f"manifest/sig must be base64: {exc}") from exc
+        manifest_bytes, sig_bytes = args.decode()
         where = f"offer {args.transfer}"
         try:
             offer = self.store.check_offer(manifest_bytes, sig_bytes, TrustStore.load(self.keys_dir), where, detect())
         except PackageError as exc:
-            self.status(args.transfer, "rejected", error=exc)
+            self.status(args.transfer, OtaState.REJECTED, error=exc)
             self._rejected(None, exc, args.transfer)
             raise CommandError(exc.code, str(exc)) from exc
         m = offer.manifest
         if offer.same_version:
-            self.status(args.transfer, "unchanged", model=(m.name, m.version))
-            return {"state": "unchanged", "model": {"name": m.name, "version": m.version}}
+            self.status(args.transfer, OtaState.UNCHANGED, model=(m.name, m.version))
+            return {"state": OtaState.UNCHANGED, "model": {"name": m.name, "version": m.version}}
         key = hashlib.sha256(manifest_bytes).hexdigest()[:16]
         with self._lock:
             cur = self._current
@@ -224,14 +178,15 @@ class OtaReceiver:
                         return self._accepted(cur)
                     self._join(cur, args)
                     return {**self._accepted(cur), "joined": old}
-                raise CommandError("busy", f"a transfer of {cur.offer.manifest.name}@{cur.offer.manifest.version} runs")
+                raise CommandError(
+                    Code.BUSY, f"a transfer of {cur.offer.manifest.name}@{cur.offer.manifest.version} runs"
+                )
             folder = self.root / key
             for other in self.root.glob("*") if self.root.is_dir() else []:
                 if other.name != key:
                     shutil.rmtree(other, ignore_errors=True)  # one transfer at a time: an older offer is dropped
             folder.mkdir(parents=True, exist_ok=True)
-            record = {"transfer": args.transfer, "manifest": args.manifest, "sig": args.sig}
-            write_atomic(folder / "offer.json", json.dumps(record).encode())
+            write_atomic(folder / "offer.json", offer_payload(args))
             t = Transfer(folder, args.transfer, offer)
             self._start(t)
             return self._accepted(t)
@@ -247,19 +202,23 @@ class OtaReceiver:
             for f, off, n in moved:
                 del self._wanted[(old, f, off)]
                 self._wanted[(t.id, f, off)] = n
-        record = {"transfer": args.transfer, "manifest": args.manifest, "sig": args.sig}
-        write_atomic(t.folder / "offer.json", json.dumps(record).encode())  # a restart resumes under the new id
+        write_atomic(t.folder / "offer.json", offer_payload(args))  # a restart resumes under the new id
         m = t.offer.manifest
         logger.info("ota: transfer %s of %s@%d joined by %s (a new offer of it)", old, m.name, m.version, t.id)
-        self.status(old, "joined", model=(m.name, m.version), done=t.have, total=t.total, by=t.id)
+        self.status(old, OtaState.JOINED, model=(m.name, m.version), done=t.have, total=t.total, by=t.id)
         for f, off, n in moved:
-            doc = {"transfer": t.id, "file": f, "offset": off, "length": n}
-            self._publish(self._topic("ota/req"), json.dumps(doc).encode(), 0, False)
+            req = ChunkRequest(transfer=t.id, file=f, offset=off, length=n)
+            self._publish(self._topic(topics.OTA_REQUEST), req.payload(), 0, False)
 
     def _accepted(self, t: Transfer) -> dict[str, Any]:
         m = t.offer.manifest
-        self.status(t.id, "accepted", model=(m.name, m.version), done=t.have, total=t.total)
-        return {"state": "accepted", "model": {"name": m.name, "version": m.version}, "have": t.have, "total": t.total}
+        self.status(t.id, OtaState.ACCEPTED, model=(m.name, m.version), done=t.have, total=t.total)
+        return {
+            "state": OtaState.ACCEPTED,
+            "model": {"name": m.name, "version": m.version},
+            "have": t.have,
+            "total": t.total,
+        }
 
     def resume(self) -> None:
         """At start: carry on with a transfer a previous run left (its offer is checked again)."""
@@ -269,7 +228,7 @@ class OtaReceiver:
             try:
                 rec = json.loads((folder / "offer.json").read_text())
                 args = OfferArgs.model_validate(rec)
-                mb, sb = base64.b64decode(args.manifest), base64.b64decode(args.sig)
+                mb, sb = args.decode()
                 offer = self.store.check_offer(
                     mb, sb, TrustStore.load(self.keys_dir), f"resumed {folder.name}", detect()
                 )
@@ -303,7 +262,7 @@ class OtaReceiver:
         payload = msg.payload
         try:
             key, start = chunk_key(payload)
-        except (ValueError, struct.error):
+        except ProtocolError:
             self._drop(len(payload), "malformed")
             return
         size = len(payload) - start
@@ -370,7 +329,7 @@ class OtaReceiver:
                 self._fetch(t, name, m.files[name].size)
                 if self._stop.is_set():
                     return
-            self.status(t.id, "verifying", model=ref, done=t.total, total=t.total)
+            self.status(t.id, OtaState.VERIFYING, model=ref, done=t.total, total=t.total)
             for name, entry in m.files.items():
                 part = t.folder / f"{name}.part"
                 if part.exists():
@@ -381,32 +340,33 @@ class OtaReceiver:
                         raise PackageError(
                             f"{m.name}@{m.version}: {name}: sha256 does not match the manifest (corrupt or "
                             "tampered in transit); the file is discarded",
-                            code="hash_mismatch",
+                            code=Code.HASH_MISMATCH,
                         )
                     os.replace(part, t.folder / name)
             write_atomic(t.folder / MANIFEST, t.offer.manifest_bytes)
             write_atomic(t.folder / SIG_FILE, t.offer.sig_bytes)
-            self.status(t.id, "installing", model=ref, done=t.total, total=t.total)
+            self.status(t.id, OtaState.INSTALLING, model=ref, done=t.total, total=t.total)
             _, stage = self.store.stage(t.folder, TrustStore.load(self.keys_dir), detect())
             if stage is None:
-                self.status(t.id, "unchanged", model=ref)
+                self.status(t.id, OtaState.UNCHANGED, model=ref)
             else:
                 swapping = True  # from here the model manager reports a refusal itself
                 result = self._install(stage, t.id)
-                self.status(t.id, "probation", model=ref, done=t.total, total=t.total, detail=result)
+                self.status(t.id, OtaState.PROBATION, model=ref, done=t.total, total=t.total, detail=result)
             self.completed += 1
             shutil.rmtree(t.folder, ignore_errors=True)
         except EdgedError as exc:
             logger.error("ota: transfer %s of %s@%d refused: %s", t.id, m.name, m.version, exc)
-            stalled = exc.code == "stalled"  # what arrived is kept: the same package offered again resumes
-            self.status(t.id, "failed" if stalled else "rejected", model=ref, error=exc)
+            stalled = exc.code == Code.STALLED  # what arrived is kept: the same package offered again resumes
+            self.status(t.id, OtaState.FAILED if stalled else OtaState.REJECTED, model=ref, error=exc)
             if not swapping:
                 self._rejected(f"{m.name}@{m.version}", exc, t.id)
             if not stalled:
                 shutil.rmtree(t.folder, ignore_errors=True)
         except Exception as exc:  # a thread boundary: report it, keep what arrived for a resume
             logger.exception("ota: transfer %s failed", t.id)
-            self.status(t.id, "failed", model=ref, error=EdgedError(f"{type(exc).__name__}: {exc}", code="failed"))
+            failure = EdgedError(f"{type(exc).__name__}: {exc}", code=Code.FAILED)
+            self.status(t.id, OtaState.FAILED, model=ref, error=failure)
 
     def _fetch(self, t: Transfer, name: str, size: int) -> None:
         part = t.folder / f"{name}.part"
@@ -441,7 +401,7 @@ class OtaReceiver:
                     if now - last_data > self.cfg.give_up_s:
                         raise EdgedError(
                             f"no data for {self.cfg.give_up_s:.0f} s; {t.have} of {t.total} bytes kept for a resume",
-                            code="stalled",
+                            code=Code.STALLED,
                         ) from None
                     if now - last_ask > quiet_s:  # lost requests or chunks (broker away?): ask again
                         quiet_s = self.cfg.retry_s + reask.next_s()
@@ -471,7 +431,7 @@ class OtaReceiver:
                     t.save()
                     since_save = 0
                 if last_data - last_status >= 0.5 or done == size:
-                    self.status(t.id, "downloading", model=(m.name, m.version), done=t.have, total=t.total)
+                    self.status(t.id, OtaState.DOWNLOADING, model=(m.name, m.version), done=t.have, total=t.total)
                     last_status = last_data
         finally:
             self._forget()
@@ -479,14 +439,14 @@ class OtaReceiver:
 
     def _ask(self, t: Transfer, name: str, offset: int, length: int) -> None:
         with self._want_lock:  # the id read under the lock: a join moves what is in _wanted and asks it again
-            doc = {"transfer": t.id, "file": name, "offset": offset, "length": length}
+            req = ChunkRequest(transfer=t.id, file=name, offset=offset, length=length)
             self._wanted[(t.id, name, offset)] = length
-        self._publish(self._topic("ota/req"), json.dumps(doc).encode(), 0, False)
+        self._publish(self._topic(topics.OTA_REQUEST), req.payload(), 0, False)
 
     def status(
         self,
         transfer: str,
-        state: str,
+        state: OtaState,
         model: tuple[str, int] | None = None,
         done: int | None = None,
         total: int | None = None,
@@ -494,15 +454,5 @@ class OtaReceiver:
         detail: dict[str, Any] | None = None,
         by: str | None = None,
     ) -> None:
-        doc: dict[str, Any] = {"schema": OTA_SCHEMA, "transfer": transfer, "state": state, "ts": time.time()}
-        if model is not None:
-            doc["model"] = {"name": model[0], "version": model[1]}
-        if done is not None:
-            doc["bytes"], doc["total"] = done, total
-        if error is not None:
-            doc["error"] = {"code": error.code, "message": str(error)[:500]}
-        if detail:
-            doc["detail"] = detail
-        if by is not None:
-            doc["by"] = by  # joined: the transfer id it carries on under
-        self._publish(self._topic("ota/status"), json.dumps(doc).encode(), 1, True)
+        doc = status_doc(transfer, state, model, done, total, error, detail, by)
+        self._publish(self._topic(topics.OTA_STATUS), json.dumps(doc).encode(), 1, True)

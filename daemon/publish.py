@@ -8,17 +8,9 @@
   payload over `MAX_PAYLOAD_BYTES` locally (so one message can never become a reconnect loop),
   appends to the spool, commits in groups, hands at most `max_inflight` rows to paho, and deletes a
   row when its PUBACK arrives. Rows still spooled at a restart are sent again.
-- Our own network thread drives paho (`loop()`), so it is supervised: it reports progress for the
-  watchdog, and connection failures (refused, TLS, DNS) are logged once with the reason and retried
-  with full-jitter backoff (`Backoff`: a random wait up to 1 s doubling to 60 s), so a fleet that lost
-  its broker at the same instant does not knock again in step.
-- The session is persistent: `clean_start` false and a `session_expiry_s` Session Expiry Interval,
-  so the broker keeps our command subscription and paho resends unacknowledged messages after a
-  reconnect.
-- `status` is retained, with an `offline` last will; `stopped` is published on a clean stop.
-- The CONNECT carries a Maximum Packet Size (`max_incoming_bytes`, the largest payload the daemon
-  takes, plus `PACKET_HEADROOM`), so a conforming broker (mosquitto 2) drops anything bigger before
-  it is sent: junk on our topics never reaches paho, which reads every packet whole into memory.
+- The connection (our own supervised network thread, reconnects with full-jitter backoff, the persistent
+  session, the retained status and its last will, the Maximum Packet Size) is the `Session` this
+  class extends (daemon/session.py); what comes in is routed by its `Inbox` (daemon/inbox.py).
 - A PUBACK with a failure reason code (0x87 Not authorized from an ACL, say) is a refusal, not a
   delivery: the row stays in the spool, the topic is held and retried with backoff (full jitter, up to
   1 s doubling to 60 s), counted in `refused` and logged once per topic and reason.
@@ -31,11 +23,8 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import logging
 import queue
-import ssl
 import threading
 import time
 from collections import deque
@@ -44,30 +33,30 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
-from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edged import __version__
-from edged.errors import ConfigError
+from edged.protocol import topics
+from edged.protocol.backoff import Backoff
+from edged.protocol.client import MAX_PAYLOAD_BYTES
+from edged.protocol.schemas import dumps, iso, result_doc
 
-from .backoff import Backoff
 from .config import MqttConfig, SpoolConfig
+from .inbox import Inbox, MessageHandler
+from .session import Session
 from .spool import Spool, SpoolCorrupt, SpoolError
 
-if TYPE_CHECKING:  # the operator tools (edged watch, edged push) use this module without OpenCV
+if TYPE_CHECKING:  # the inference types need NumPy: only for type checking here
     from .inference import Result
+
+__all__ = ["MAX_PAYLOAD_BYTES", "Publisher", "iso", "result_payload"]
 
 logger = logging.getLogger(__name__)
 
-RESULT_SCHEMA = "edged.result/1"
-MAX_PAYLOAD_BYTES = 256 * 1024
-MessageHandler = Callable[[mqtt.MQTTMessage], None]
 EventHandler = Callable[[dict[str, Any]], None]
-MAX_BACKOFF_S = 60.0  # reconnects and refused topics: full jitter up to this (daemon/backoff.py)
+MAX_BACKOFF_S = 60.0  # refused topics: full jitter up to this (edged.protocol.backoff)
 MAX_STORAGE_BACKOFF_S = 30.0
-PACKET_HEADROOM = 64 * 1024  # an incoming packet's fixed header, topic and properties around its payload
 
 
 @dataclass
@@ -80,58 +69,24 @@ class _Hold:
     retrying: bool = False  # the hold ended and the rows were sent again; a refusal now doubles the backoff
 
 
-def iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def result_payload(r: Result, device: str, boot_id: str, seq: int) -> dict[str, Any]:
     t = r.meta.transform
-    return {
-        "schema": RESULT_SCHEMA,
-        "device": device,
-        "camera": r.camera,
-        "boot_id": boot_id,
-        "seq": seq,
-        "frame": r.meta.frame,
-        "captured_at": iso(r.meta.captured_at),
-        "latency_ms": {"capture_to_result": round(r.capture_to_result_ms, 2), "infer": round(r.infer_ms, 2)},
-        "model": {"name": r.model_name, "version": r.model_version},
-        "image": {"width": t.src_width, "height": t.src_height},
-        "detections": [d.to_json() for d in r.detections],
-    }
+    return result_doc(
+        device=device,
+        camera=r.camera,
+        boot_id=boot_id,
+        seq=seq,
+        frame=r.meta.frame,
+        captured_at=r.meta.captured_at,
+        capture_to_result_ms=r.capture_to_result_ms,
+        infer_ms=r.infer_ms,
+        model=(r.model_name, r.model_version),
+        image=(t.src_width, t.src_height),
+        detections=[d.to_json() for d in r.detections],
+    )
 
 
-def make_client(cfg: MqttConfig, client_id: str) -> mqtt.Client:
-    """A paho client set up from config: MQTT v5, TLS and credentials from files."""
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
-    if cfg.tls is not None:
-        for f in (cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file):
-            if f is not None and not f.is_file():
-                raise ConfigError(f"mqtt.tls: {f} not found")
-        try:
-            client.tls_set(
-                ca_certs=str(cfg.tls.ca_file),
-                certfile=str(cfg.tls.cert_file) if cfg.tls.cert_file else None,
-                keyfile=str(cfg.tls.key_file) if cfg.tls.key_file else None,
-                cert_reqs=ssl.CERT_REQUIRED,
-            )
-        except (ssl.SSLError, OSError) as exc:
-            raise ConfigError(f"mqtt.tls: cannot load the certificates: {exc}") from exc
-        client.tls_insecure_set(cfg.tls.insecure_skip_hostname)
-    if cfg.username is not None:
-        password = None
-        if cfg.password_file is not None:
-            try:
-                password = cfg.password_file.read_text().rstrip("\n")
-            except OSError as exc:
-                raise ConfigError(f"mqtt.password_file: cannot read {cfg.password_file}: {exc.strerror}") from exc
-        client.username_pw_set(cfg.username, password)
-    client.max_inflight_messages_set(cfg.max_inflight)
-    client.max_queued_messages_set(cfg.max_inflight * 2)
-    return client
-
-
-class Publisher:
+class Publisher(Session):
     def __init__(
         self,
         cfg: MqttConfig,
@@ -145,25 +100,13 @@ class Publisher:
         queue_size: int = 1024,
         on_event: EventHandler | None = None,
     ) -> None:
-        """`on_event`: where the publisher's own events go (`spool_recovered`), the daemon's event path."""
-        self.cfg = cfg
+        """`on_event`: where the publisher's own events go (`spool_recovered`), the daemon's event path;
+        `on_command`: the handler of the device's commands (``…/cmd/+``)."""
+        super().__init__(cfg, device_id, topic_root, boot_id, status_extra, Inbox(topic_root, on_command))
         self.spool_cfg = spool_cfg
         self.spool = spool
-        self.device_id = device_id
-        self.root = topic_root
-        self.boot_id = boot_id
-        self._status_extra = status_extra
-        self._on_command = on_command
         self._on_event = on_event
-        self._routes: dict[str, MessageHandler] = {}  # full topic -> handler, for topics other than cmd/+
-        # the largest payload we take (commands, OTA chunks; set by the wiring before start()): sent to the
-        # broker as our Maximum Packet Size, with PACKET_HEADROOM, so it never sends us a bigger one
-        self.max_incoming_bytes: int | None = None
-        self._retained: dict[str, bytes] = {}  # suffix -> payload, published again at every connect
-        self.since = iso(time.time())
         self._q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=queue_size)
-        self._stop = threading.Event()
-        self._net_stop = threading.Event()
         self.seq = 0
         self.results = 0  # results handed to submit()
         self.spooled = 0
@@ -171,17 +114,9 @@ class Publisher:
         self.acked = 0
         self.sent_qos0 = 0  # QoS 0 rows sent (deleted on send: no PUBACK comes)
         self.dropped_queue_full = 0
-        self.oversized = 0
-        self.connected = False
-        self.connects = 0
-        self.connect_failures = 0
-        self.network_restarts = 0
-        self.last_error = ""
-        self.last_net_progress = time.monotonic()
         self.last_progress = time.monotonic()  # the publisher thread's last turn (the watchdog reads it)
         self.failure = ""  # why the publisher thread died, if it did
         self.refused = 0  # PUBACKs with a failure reason code: the row stays, the topic is retried later
-        self.spool_state = "ok"  # "failing" while storage operations fail
         self.spool_error = ""
         self.left_in_spool = 0  # rows in the spool file after stop
         # paho mid -> (spool row id, topic); touched by the publisher thread only. PUBACKs arrive on the
@@ -199,67 +134,10 @@ class Publisher:
         self._ack_batch = max(1, cfg.max_inflight // 4)
         self._last_sent = 0
         self._maybe_unsent = True  # committed rows past _last_sent may exist (after a commit, or at start)
-        self.client = make_client(cfg, cfg.client_id or f"edged-{device_id}")
-        self.client.will_set(self.topic("status"), self._status_json("offline"), qos=1, retain=True)
-        self.client.on_connect = self._on_connect
-        self.client.on_disconnect = self._on_disconnect
         self.client.on_publish = self._on_publish
-        self.client.on_message = self._on_message
-        self.client.on_log = self._on_log
-        self._socket_error = ""
         self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
-        self._net_thread = threading.Thread(target=self._network, name="mqtt-network", daemon=True)
 
-    def topic(self, suffix: str) -> str:
-        return f"{self.root}/{suffix}"
-
-    def publish_status(self, state: str) -> mqtt.MQTTMessageInfo:
-        """The retained `status` message (QoS 1): online, stopped; offline is the last will."""
-        return self.client.publish(self.topic("status"), self._status_json(state), qos=1, retain=True)
-
-    def _status_json(self, state: str) -> bytes:
-        doc = {
-            "state": state,
-            "version": __version__,
-            "boot_id": self.boot_id,
-            "since": self.since,
-            "spool": self.spool_state,
-        }
-        doc.update(self._status_extra())
-        return json.dumps(doc).encode()
-
-    # --- paho callbacks (network thread); no exception may escape ----------------------------
-    def _on_connect(
-        self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Properties | None
-    ) -> None:
-        if rc.is_failure:  # the broker closes the socket next; the network loop reports this reason once
-            self.connected = False
-            self._socket_error = f"the broker refused the connection: {rc}"
-            return
-        self.connected = True
-        self.connects += 1
-        self.last_error = ""
-        logger.info(
-            "mqtt: connected to %s:%d (session present: %s)",
-            self.cfg.host,
-            self.cfg.port,
-            getattr(flags, "session_present", "?"),
-        )
-        self.publish_status("online")
-        for suffix, payload in list(self._retained.items()):
-            client.publish(self.topic(suffix), payload, qos=1, retain=True)
-        if self._on_command is not None:
-            client.subscribe(self.topic("cmd/+"), qos=1)
-        for topic in self._routes:
-            client.subscribe(topic, qos=0)
-
-    def _on_disconnect(
-        self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Properties | None
-    ) -> None:
-        if self.connected and not self._stop.is_set():
-            logger.warning("mqtt: disconnected (%s); reconnecting with jittered backoff up to 60 s", rc)
-        self.connected = False
-
+    # --- PUBACKs (network thread) -------------------------------------------------------------
     def _on_publish(
         self, client: mqtt.Client, userdata: Any, mid: int, rc: ReasonCode, props: Properties | None
     ) -> None:
@@ -269,97 +147,6 @@ class Publisher:
             rc.is_failure or len(self._acked_mids) >= self._ack_batch
         ):  # wake the publisher for a batch, not for each PUBACK
             self._wake.set()
-
-    def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        handler = self._routes.get(msg.topic, self._on_command)
-        if handler is None:
-            return
-        try:
-            handler(msg)
-        except Exception:  # the handler must not raise; if it does, it must not reach paho
-            logger.exception("mqtt: command handler failed on %s", msg.topic)
-
-    def _on_log(self, client: mqtt.Client, userdata: Any, level: int, buf: str) -> None:
-        if level == mqtt.MQTT_LOG_ERR and buf.startswith("failed to receive on socket"):
-            self._socket_error = buf  # e.g. "failed to receive on socket: [SSL: ...] sslv3 alert certificate revoked"
-
-    def _connect_failed(self, reason: str) -> None:
-        self.connect_failures += 1
-        if reason != self.last_error:
-            logger.error(
-                "mqtt: cannot connect to %s:%d: %s; retrying with backoff up to 60 s",
-                self.cfg.host,
-                self.cfg.port,
-                reason,
-            )
-        self.last_error = reason
-
-    # --- the network thread ------------------------------------------------------------------------
-    def _network(self) -> None:
-        # full jitter: after a broker restart a fleet does not knock in step
-        backoff = Backoff(1.0, self.cfg.reconnect_max_s)
-        first = True
-        socket_open = had_connack = False
-        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        props.SessionExpiryInterval = self.cfg.session_expiry_s
-        if self.max_incoming_bytes is not None:
-            props.MaximumPacketSize = self.max_incoming_bytes + PACKET_HEADROOM
-        while not self._net_stop.is_set():
-            self.last_net_progress = time.monotonic()
-            if not socket_open:
-                try:
-                    if first:
-                        self.client.connect(
-                            self.cfg.host,
-                            self.cfg.port,
-                            keepalive=self.cfg.keepalive_s,
-                            clean_start=False,
-                            properties=props,
-                        )
-                        first = False
-                    else:
-                        self.client.reconnect()
-                    socket_open = True
-                except (OSError, ValueError) as exc:  # refused, unreachable, TLS (ssl.SSLError is an OSError)
-                    self._connect_failed(str(exc) or type(exc).__name__)
-                    self._net_stop.wait(backoff.next_s())
-                    continue
-            rc = self.client.loop(timeout=0.2)
-            if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
-                if self.connected:
-                    backoff.reset()
-                    had_connack = True
-                continue
-            socket_open = False
-            self.connected = False
-            if self._net_stop.is_set():
-                break
-            if not had_connack:  # lost before the CONNACK: the broker refused us (a bad certificate, say)
-                reason = self._socket_error or f"connection lost: {mqtt.error_string(rc)}"
-                if self.cfg.tls is not None and "alert" not in reason:
-                    # TLS 1.3: the broker checks our certificate after the handshake; its alert can be
-                    # lost in the close, leaving only an EOF here
-                    reason += (
-                        f"; the broker closed the TLS session before accepting us: it probably rejected "
-                        f"our client certificate {self.cfg.tls.cert_file} (expired, revoked, or not from "
-                        f"its CA?)"
-                    )
-                self._connect_failed(reason)
-            had_connack = False
-            self._socket_error = ""
-            self._net_stop.wait(backoff.next_s())
-
-    def network_alive(self) -> bool:
-        return self._net_thread.is_alive() and time.monotonic() - self.last_net_progress < 10.0
-
-    def restart_network(self) -> None:
-        """Start a new network thread after the old one died (supervision from the main loop)."""
-        if self._net_thread.is_alive():
-            return
-        self.network_restarts += 1
-        logger.error("mqtt: the network thread died; starting a new one (%d restarts)", self.network_restarts)
-        self._net_thread = threading.Thread(target=self._network, name="mqtt-network", daemon=True)
-        self._net_thread.start()
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -383,41 +170,15 @@ class Publisher:
         except queue.Full:
             self.dropped_queue_full += 1
 
-    def publish_direct(
-        self, topic: str, payload: bytes, qos: int = 0, retain: bool = False, properties: Properties | None = None
-    ) -> bool:
-        """Not spooled: telemetry, replies, snapshots. False when refused locally or not sent."""
-        if len(payload) > MAX_PAYLOAD_BYTES:
-            self.oversized += 1
-            logger.error("mqtt: %s payload of %d bytes is over %d; not sent", topic, len(payload), MAX_PAYLOAD_BYTES)
-            return False
-        info = self.client.publish(topic, payload, qos=qos, retain=retain, properties=properties)
-        return info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS
-
-    def route(self, suffix: str, handler: MessageHandler) -> None:
-        """Subscribe (at every connect) to our topic `suffix` and hand its messages to `handler`, which runs
-        on paho's network thread and must only queue. Call before start()."""
-        self._routes[self.topic(suffix)] = handler
-
-    def set_retained(self, suffix: str, doc: dict[str, Any]) -> None:
-        """A retained QoS 1 state document (…/model/state): published now and again at every connect."""
-        payload = json.dumps(doc, separators=(",", ":")).encode()
-        self._retained[suffix] = payload
-        if self.connected:
-            self.client.publish(self.topic(suffix), payload, qos=1, retain=True)
-
-    def publish_json(self, suffix: str, doc: dict[str, Any], qos: int = 0, retain: bool = False) -> bool:
-        return self.publish_direct(self.topic(suffix), json.dumps(doc, separators=(",", ":")).encode(), qos, retain)
-
     # --- the publisher thread ----------------------------------------------------------------------
     def _spool_one(self, kind: str, item: Any) -> None:
         if kind == "result":
             self.seq += 1
             doc = result_payload(item, self.device_id, self.boot_id, self.seq)
-            topic, qos = self.topic(f"results/{item.camera}"), self.cfg.qos
+            topic, qos = topics.results(self.root, item.camera), self.cfg.qos
         else:
-            doc, topic, qos = item, self.topic("events"), 1
-        payload = json.dumps(doc, separators=(",", ":")).encode()
+            doc, topic, qos = item, topics.events(self.root), 1
+        payload = dumps(doc)
         if len(payload) > MAX_PAYLOAD_BYTES:
             self.oversized += 1
             if kind == "result":

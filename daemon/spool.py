@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from edged.errors import PublishError
+from edged.errors import Code, PublishError
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -64,13 +64,13 @@ COLUMNS = "id, topic, payload, qos, created, size, clock_s"
 class SpoolError(PublishError):
     """The spool's storage failed: disk full, an I/O error, a file that cannot be (re)created."""
 
-    code = "spool_failed"
+    code = Code.SPOOL_FAILED
 
 
 class SpoolCorrupt(SpoolError):
     """The spool file is not a database, or a malformed one."""
 
-    code = "spool_corrupt"
+    code = Code.SPOOL_CORRUPT
 
 
 @dataclass(frozen=True)

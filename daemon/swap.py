@@ -34,11 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from edged.errors import EdgedError, EngineLoadError, PackageError, SwapError
+from edged.errors import Code, EdgedError, EngineLoadError, PackageError, SwapError
 from edged.models.footprint import activation_bytes
 from edged.models.package import Package, verify_folder
 from edged.models.store import Store, crash_at_env_step
 from edged.models.validate import Tensor, check_input
+from edged.protocol.schemas import MODEL_STATE_SCHEMA
 
 from .backends import Backend
 from .config import Config
@@ -48,7 +49,9 @@ from .inference import ActiveModel, InferenceLoop, OutputFigures, warm_up
 
 logger = logging.getLogger(__name__)
 
-MODEL_STATE_SCHEMA = "edged.model-state/1"
+# a refusal that is the model's own fault: the version is marked bad and never retried
+MODEL_FAULTS = frozenset({Code.GOLDEN_MISMATCH, Code.GOLDEN_INVALID, Code.MODEL_LOAD_FAILED, Code.DECODER_MISMATCH})
+
 SWAP_STEPS = ("swap_loaded", "swap_flipped")
 LATENCY_MIN_BATCHES = 20  # batches on the new model before its median batch time is judged
 
@@ -72,11 +75,11 @@ def golden_check(pkg: Package, backend: Backend) -> str | None:
         x = np.load(pkg.root / g.input, allow_pickle=False)
         expected = np.load(pkg.root / g.output, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise SwapError(f"{pkg.ref}: golden files unreadable: {exc}", code="golden_invalid") from exc
+        raise SwapError(f"{pkg.ref}: golden files unreadable: {exc}", code=Code.GOLDEN_INVALID) from exc
     if list(x.shape) != list(spec.shape) or x.dtype != np.dtype(spec.dtype):
         raise SwapError(
             f"{pkg.ref}: golden input is {x.dtype}{list(x.shape)}, the model takes {spec.dtype}{spec.shape}",
-            code="golden_invalid",
+            code=Code.GOLDEN_INVALID,
         )
     got = backend.infer({spec.name: x})
     for name in expected.files:
@@ -86,7 +89,7 @@ def golden_check(pkg: Package, backend: Backend) -> str | None:
             raise SwapError(
                 f"{pkg.ref}: golden output {name!r} is {None if out is None else list(out.shape)}, expected "
                 f"{list(ref.shape)}",
-                code="golden_mismatch",
+                code=Code.GOLDEN_MISMATCH,
             )
         diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
         off = diff > g.atol + g.rtol * np.abs(ref.astype(np.float64))
@@ -94,7 +97,7 @@ def golden_check(pkg: Package, backend: Backend) -> str | None:
             raise SwapError(
                 f"{pkg.ref}: golden check failed: output {name!r} has {int(off.sum())} of {off.size} values off "
                 f"by up to {float(diff.max()):.4g} (atol {g.atol:g}, rtol {g.rtol:g})",
-                code="golden_mismatch",
+                code=Code.GOLDEN_MISMATCH,
             )
     return f"golden check passed ({len(expected.files)} outputs)"
 
@@ -189,7 +192,8 @@ class ModelManager:
     @property
     def active(self) -> ActiveModel:
         a = self.loop.active
-        assert a is not None, "no model: a stop-the-world swap is in progress"
+        if a is None:
+            raise SwapError("no model: a stop-the-world swap is in progress")
         return a
 
     # ---- loading ---------------------------------------------------------------------------
@@ -202,7 +206,7 @@ class ModelManager:
                 f"{pkg.manifest.input.layout}; running: shape {cur.shape}, layout {cur.layout}). The cameras' "
                 "buffers are sized for the running one, so this version applies at the next start: "
                 "`edged model install` it and restart the daemon",
-                code="input_changed",
+                code=Code.INPUT_CHANGED,
             )
         backend = self._open_backend(pkg)
         try:
@@ -229,12 +233,18 @@ class ModelManager:
             m = pkg.manifest
             if m.name != self.package.manifest.name:
                 raise SwapError(
-                    f"{pkg.ref} is not the model this daemon serves ({self.package.manifest.name})", code="other_model"
+                    f"{pkg.ref} is not the model this daemon serves ({self.package.manifest.name})",
+                    code=Code.OTHER_MODEL,
                 )
             try:
                 mode, gap_ms = self._load_and_flip(pkg, stage)
             except EdgedError as exc:
-                if exc.code in ("golden_mismatch", "golden_invalid", "model_load_failed", "decoder_mismatch"):
+                if exc.code in (
+                    Code.GOLDEN_MISMATCH,
+                    Code.GOLDEN_INVALID,
+                    Code.MODEL_LOAD_FAILED,
+                    Code.DECODER_MISMATCH,
+                ):
                     self.store.mark_bad(m.name, m.version)
                 shutil.rmtree(stage, ignore_errors=True)  # never activated: its staged copy goes now
                 self._outcome("model_rejected", pkg.ref, code=exc.code, error=str(exc), transfer=transfer)
@@ -242,7 +252,8 @@ class ModelManager:
             return {"model": {"name": m.name, "version": m.version}, "mode": mode, "gap_ms": round(gap_ms, 1)}
 
     def _load_and_flip(self, pkg: Package, stage: Path) -> tuple[str, float]:
-        assert self.store is not None
+        if self.store is None:
+            raise SwapError(f"{pkg.ref}: this daemon has no model store to install into", code=Code.NOT_SUPPORTED)
         m = pkg.manifest
         old_pkg = self.package
         current = self.active
@@ -287,7 +298,8 @@ class ModelManager:
         return mode, gap_ms
 
     def _probation_start(self, name: str) -> None:
-        assert self.store is not None
+        if self.store is None:
+            raise SwapError(f"model {name}: no model store to record the probation in", code=Code.NOT_SUPPORTED)
         self.store.probation_run(name, self.boot_id)
 
     def apply_store_current(self) -> dict[str, Any] | None:
@@ -320,7 +332,7 @@ class ModelManager:
             self._outcome("model_activated", pkg.ref, previous=old.version if old else None, mode="reload")
             return {"model": {"name": name, "version": pkg.manifest.version}}
 
-    def rollback(self, reason: str, code: str = "rolled_back") -> dict[str, Any]:
+    def rollback(self, reason: str, code: Code | str = Code.ROLLED_BACK) -> dict[str, Any]:
         """Serve `previous` and roll the store back to it (marking the current version bad).
 
         The previous version is loaded and warmed up first, while the current one keeps serving; the store
@@ -328,7 +340,8 @@ class ModelManager:
         what serves never disagree: a refused rollback (the previous version changes the input spec, does
         not load, ...) leaves both as they were, and says so on ``…/events`` (`model_rollback_failed`) and
         in ``…/model/state``. A probation verdict whose previous version takes another input stands: the
-        store is rolled back and the daemon restarts (`restart`) to serve it."""
+        store is rolled back and the daemon restarts (`restart`) to serve it. `code`: a `Code` member or its value."""
+        code = Code(code)
         if self.store is None:
             raise SwapError("this daemon runs model.package, not the store: nothing to roll back to")
         name = self.package.manifest.name
@@ -342,7 +355,7 @@ class ModelManager:
                         f"{prev.manifest.input.layout}; running: shape {self.package.manifest.input.shape}, layout "
                         f"{self.package.manifest.input.layout}): it cannot be swapped in live. Roll back with "
                         "`edged model rollback` and restart the daemon",
-                        code="input_changed",
+                        code=Code.INPUT_CHANGED,
                     )
                 new = self.open_candidate(prev)
             except EdgedError as exc:
@@ -362,11 +375,11 @@ class ModelManager:
             self._outcome("model_rolled_back", f"{name}@{was}", to=now, reason=reason, code=code)
             return {"from": was, "to": now, "reason": reason}
 
-    def _rollback_refused(self, name: str, was: int, reason: str, code: str, exc: EdgedError) -> dict[str, Any]:
+    def _rollback_refused(self, name: str, was: int, reason: str, code: Code, exc: EdgedError) -> dict[str, Any]:
         """The previous version cannot serve now: refuse, nothing changes. Except for a probation verdict
         when the previous version only takes another input: the version on probation is still bad, so the
         store is rolled back and the daemon restarts to serve the previous one (its cameras sized for it)."""
-        live_only = exc.code != "input_changed" or code == "by_command"
+        live_only = exc.code != Code.INPUT_CHANGED or code == Code.BY_COMMAND
         if live_only or self.store is None or self._restart is None:
             logger.error("model %s@%d: rollback refused, nothing changed: %s", name, was, exc)
             self._outcome("model_rollback_failed", f"{name}@{was}", code=exc.code, error=str(exc), reason=reason)
@@ -410,7 +423,7 @@ class ModelManager:
             )
         if verdict:
             self.probation = None
-            self.submit(self.rollback, verdict, "probation_failed")
+            self.submit(self.rollback, verdict, Code.PROBATION_FAILED)
             return
         if now - p.since_mono < cfg.probation_s or a.batches < cfg.probation_batches:
             return

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Literal
 
 from edged import __version__
-from edged.errors import EdgedError
+from edged.errors import Code, EdgedError
 from edged.models.package import open_package
 from edged.models.signing import SigningKey
 
@@ -50,7 +50,7 @@ JETSON_PLATFORMS = ("manylinux2014_aarch64", "manylinux_2_28_aarch64", "manylinu
 
 
 class BundleError(EdgedError):
-    code = "bundle_failed"
+    code = Code.BUNDLE_FAILED
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from edged.errors import EdgedError
+from edged.errors import Code, EdgedError
 
 
 class CertError(EdgedError):
-    code = "certs_failed"
+    code = Code.CERTS_FAILED
 
 
 CRL_DAYS = 365  # a CRL's next update: mosquitto refuses every client once it has passed

@@ -23,7 +23,6 @@ Exit status: 0 when every device succeeded, 1 when any did not (each is reported
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import shutil
@@ -40,18 +39,17 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edged.daemon.backoff import Backoff
-from edged.daemon.config import MqttConfig
-from edged.daemon.ota import pack_chunk
-from edged.daemon.publish import make_client
-from edged.errors import EdgedError, PublishError
+from edged.errors import Code, EdgedError, PublishError
 from edged.models.package import Manifest, open_package
 from edged.models.store import read_head
+from edged.protocol import topics
+from edged.protocol.client import MqttSettings, make_client, reconnect_backoff
+from edged.protocol.ota import OtaState, chunk, offer_args, offer_payload
 
 MAX_CHUNK = 4 << 20  # the most a device may ask for at once
 RECONNECT_MAX_S = 5.0  # the pusher's reconnect waits: full jitter up to this
 TAKE_BACK_S = 10.0  # a followed transfer silent this long while downloading: offer again and serve it
-DONE_OK = {"probation": "swap", "committed": "commit", "unchanged": "swap"}
+DONE_OK = {OtaState.PROBATION: "swap", "committed": "commit", OtaState.UNCHANGED: "swap"}
 DONE_BAD = ("rejected", "failed", "rolled_back", "timed_out", "skipped", "offline")
 
 Wait = Literal["swap", "commit"]
@@ -82,7 +80,7 @@ class Device:
 
 
 class Pusher:
-    def __init__(self, mqtt_cfg: MqttConfig, package: Path, out: TextIO = sys.stderr) -> None:
+    def __init__(self, mqtt_cfg: MqttSettings, package: Path, out: TextIO = sys.stderr) -> None:
         self.prefix = mqtt_cfg.topic_prefix
         self.out = out
         self.manifest_bytes, self.sig_bytes = read_head(package)
@@ -93,7 +91,8 @@ class Pusher:
         self.total = sum(e.size for e in pkg.manifest.files.values())
         self.transfer = uuid.uuid4().hex[:16]
         self._offers_until = 0.0  # monotonic: an offer must not outlive this pusher's wait for it
-        self.reply_topic = f"{self.prefix}/_push/{self.transfer}/reply"
+        self.reply_topic = topics.push_reply(self.prefix, self.transfer)
+        self.offer = offer_payload(offer_args(self.transfer, self.manifest_bytes, self.sig_bytes))
         self.devices: dict[str, Device] = {}
         self._lock = threading.Lock()
         self._subs: list[str] = [self.reply_topic]
@@ -104,7 +103,7 @@ class Pusher:
         self.client.max_queued_messages_set(0)
         # paho's own reconnect loop (loop_start) doubles a fixed delay; each wait is drawn here instead,
         # with full jitter up to RECONNECT_MAX_S, and the count starts again once connected
-        self._reconnect = Backoff(1.0, RECONNECT_MAX_S)
+        self._reconnect = reconnect_backoff(RECONNECT_MAX_S)
         self._jitter_reconnect()
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
@@ -174,7 +173,7 @@ class Pusher:
     # ---- discovery -------------------------------------------------------------------------
     def discover(self, group: str, wait_s: float) -> tuple[list[str], list[str]]:
         """Devices whose retained status lists `group`: (online, offline)."""
-        self._subscribe(f"{self.prefix}/+/status")
+        self._subscribe(topics.every_status(self.prefix))
         self._subscribed()
         time.sleep(wait_s)  # retained statuses arrive right after the SUBACK; live ones may take a moment
         online: list[str] = []
@@ -192,8 +191,9 @@ class Pusher:
             d = self.devices.setdefault(dev, Device(dev, total=self.total))
             d.active = True
             wave.append(d)
-            for suffix in ("ota/req", "ota/status", "model/state"):
-                self._subscribe(f"{self.prefix}/{dev}/{suffix}")
+            root = topics.device_root(self.prefix, dev)
+            for topic in (topics.ota_request(root), topics.ota_status(root), topics.model_state(root)):
+                self._subscribe(topic)
         self._subscribed()
         deadline = time.monotonic() + timeout_s
         self._offers_until = deadline
@@ -229,13 +229,6 @@ class Pusher:
         return wave
 
     def _offer(self, d: Device) -> None:
-        offer = json.dumps(
-            {
-                "transfer": self.transfer,
-                "manifest": base64.b64encode(self.manifest_bytes).decode(),
-                "sig": base64.b64encode(self.sig_bytes).decode(),
-            }
-        ).encode()
         props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
         props.ResponseTopic = self.reply_topic
         props.CorrelationData = d.id.encode()
@@ -244,7 +237,8 @@ class Pusher:
         props.MessageExpiryInterval = max(1, math.ceil(self._offers_until - time.monotonic()))
         with self._lock:
             d.offered_at = time.monotonic()
-        self.client.publish(f"{self.prefix}/{d.id}/cmd/ota", offer, qos=1, properties=props)
+        root = topics.device_root(self.prefix, d.id)
+        self.client.publish(topics.command(root, "ota"), self.offer, qos=1, properties=props)
 
     # ---- messages (paho's thread) ----------------------------------------------------------
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
@@ -258,9 +252,8 @@ class Pusher:
         if topic == self.reply_topic:
             corr = getattr(msg.properties, "CorrelationData", b"") or b""
             return self._on_reply(corr.decode(errors="replace"), json.loads(msg.payload))
-        parts = topic[len(self.prefix) + 1 :].split("/")
-        dev, suffix = parts[0], "/".join(parts[1:])
-        if suffix == "status":
+        dev, suffix = topics.split(self.prefix, topic)
+        if suffix == topics.STATUS:
             if msg.payload:
                 with self._lock:
                     self._statuses[dev] = json.loads(msg.payload)
@@ -269,16 +262,16 @@ class Pusher:
         if d is None or not d.active or not msg.payload:
             return
         doc = json.loads(msg.payload)
-        if suffix == "ota/req":
+        if suffix == topics.OTA_REQUEST:
             self._serve(d, doc)
-        elif suffix == "ota/status":
-            if doc.get("state") == "joined":
+        elif suffix == topics.OTA_STATUS:
+            if doc.get("state") == OtaState.JOINED:
                 self._on_joined(d, doc)
             elif doc.get("transfer") in (self.transfer, d.via or self.transfer) or self._taken_over(
                 d, doc, bool(msg.retain)
             ):
                 self._on_status(d, doc)
-        elif suffix == "model/state":
+        elif suffix == topics.MODEL_STATE:
             self._on_model_state(d, doc)
 
     def _on_reply(self, dev: str, doc: dict[str, Any]) -> None:
@@ -289,13 +282,13 @@ class Pusher:
             if not doc.get("ok"):
                 err = doc.get("error") or {}
                 d.finish("rejected", f"{err.get('code', '?')}: {err.get('message', '')}")
-            elif (doc.get("result") or {}).get("state") == "unchanged":
+            elif (doc.get("result") or {}).get("state") == OtaState.UNCHANGED:
                 d.bytes = 0
-                d.finish("unchanged", "already current")
+                d.finish(OtaState.UNCHANGED, "already current")
             else:
                 d.took_over = str((doc.get("result") or {}).get("joined") or "")
                 if d.state == "offered":
-                    d.state = "accepted"
+                    d.state = OtaState.ACCEPTED
 
     def _serve(self, d: Device, doc: dict[str, Any]) -> None:
         if doc.get("transfer") != self.transfer:
@@ -307,8 +300,8 @@ class Pusher:
         with open(self.files[name], "rb") as f:
             f.seek(offset)
             data = f.read(length)
-        header = {"transfer": self.transfer, "file": name, "offset": offset}
-        self.client.publish(f"{self.prefix}/{d.id}/ota/data", pack_chunk(header, data), qos=0)
+        root = topics.device_root(self.prefix, d.id)
+        self.client.publish(topics.ota_data(root), chunk(self.transfer, name, offset, data), qos=0)
         d.served += len(data)
 
     def _on_joined(self, d: Device, doc: dict[str, Any]) -> None:
@@ -344,17 +337,17 @@ class Pusher:
             state = str(doc.get("state"))
             if isinstance(doc.get("bytes"), int):
                 d.bytes = doc["bytes"]
-            if state in ("rejected", "failed"):
+            if state in (OtaState.REJECTED, OtaState.FAILED):
                 err = doc.get("error") or {}
                 d.finish(state, f"{err.get('code', '?')}: {err.get('message', '')}")
-            elif state == "unchanged":
+            elif state == OtaState.UNCHANGED:
                 d.finish(state, "already current")
             elif d.ended is None and d.state not in ("committed", "rolled_back"):
                 d.state = state
 
     def _on_model_state(self, d: Device, doc: dict[str, Any]) -> None:
         """After the swap: the retained model state says whether probation passed or rolled back."""
-        if doc.get("name") != self.manifest.name or d.state != "probation":
+        if doc.get("name") != self.manifest.name or d.state != OtaState.PROBATION:
             return
         v = self.manifest.version
         with self._lock:
@@ -404,7 +397,7 @@ class Progress:
 
 
 def run_push(
-    mqtt_cfg: MqttConfig,
+    mqtt_cfg: MqttSettings,
     package: Path,
     devices: list[str],
     group: str | None,
@@ -429,7 +422,8 @@ def run_push(
             print(f"push: group {group!r}: {len(online)} online, {len(offline)} offline", file=out)
             targets += [d for d in online if d not in targets]
         if not targets:
-            raise EdgedError("no device to push to (no --device, and no online device in the group)", code="no_devices")
+            no_device = "no device to push to (no --device, and no online device in the group)"
+            raise EdgedError(no_device, code=Code.NO_DEVICES)
         for dev in offline:
             pusher.devices[dev] = Device(dev, total=pusher.total)
             pusher.devices[dev].finish("offline", "its retained status says it is offline; skipped")

@@ -1,6 +1,6 @@
-"""The one exception tree of edged.
+"""The one exception tree of edged, and the one list of error codes (`Code`).
 
-    EdgedError                      anything edged raises on purpose; has a short `code`
+    EdgedError                      anything edged raises on purpose; has a `code` (a `Code` member)
     ├── ConfigError                 a config file or override is invalid; names the key path and file
     ├── CaptureError                a camera URI cannot be opened or is not supported here
     ├── BackendError                an inference backend is unavailable or failed
@@ -8,75 +8,192 @@
     │   └── InferenceError          a batch failed to run
     ├── DecoderError                a decoder does not fit the model's outputs
     ├── PublishError                MQTT publishing failed in a way the caller must see
+    │   └── SpoolError              the spool's storage failed (daemon/spool.py)
+    │       └── SpoolCorrupt        the spool file is not a database, or a malformed one
     ├── PackageError                a model package is malformed or fails verification (`code` says which)
+    │   └── IncompatibleEngine      an engine built for another TensorRT, GPU or L4T (models/compat.py)
+    ├── CommandError                an MQTT command was refused; its `code` goes into the reply
+    ├── ProtocolError               a message breaks the wire contract (a malformed OTA chunk)
     ├── FetchError                  a demo asset could not be fetched or failed its pinned hash
     ├── QuantizeError               quantizing or building an engine failed, or its accuracy gate did
     ├── SwapError                   a model swap was refused or failed
-    └── StateDirError               the state directory cannot be written, or another edged holds its lock
+    ├── StateDirError               the state directory cannot be written, or another edged holds its lock
+    ├── CertError                   certificates could not be made (deploy/certs.py)
+    └── BundleError                 a deploy bundle could not be built or installed (deploy/bundle.py)
 
 Third-party exceptions are translated at the boundary: ``raise EngineLoadError(...) from exc``.
 Programmer errors stay ``ValueError`` / ``TypeError``.
+
+Every code that goes on the wire (a command reply's or an OTA status's ``error.code``, an event's
+``code``) or into the journal (``ERROR_CODE=``) is a member of `Code`. It is a ``str`` enum, so JSON
+carries the bare string (``"too_large"``) and ``Code("too_large")`` reads one back; ``str()`` and
+f-strings give the value too.
 """
 
 from __future__ import annotations
+
+from enum import Enum
+
+
+class Code(str, Enum):
+    """Every error code edged emits, one line each. The value is what the wire and the journal carry."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    # --- the exception classes' own codes
+    ERROR = "error"  # an EdgedError without a more precise code
+    CONFIG_INVALID = "config_invalid"  # a config file or override is invalid
+    CAPTURE_FAILED = "capture_failed"  # a camera cannot be opened
+    BACKEND_UNAVAILABLE = "backend_unavailable"  # an inference backend is unavailable or failed
+    MODEL_LOAD_FAILED = "model_load_failed"  # the model file cannot be loaded by the backend
+    INFERENCE_FAILED = "inference_failed"  # a batch failed to run
+    DECODER_MISMATCH = "decoder_mismatch"  # the decoder does not fit the model's outputs
+    PUBLISH_FAILED = "publish_failed"  # MQTT publishing failed
+    SPOOL_FAILED = "spool_failed"  # the spool's storage failed (disk full, I/O error)
+    SPOOL_CORRUPT = "spool_corrupt"  # the spool file is not a database, or a malformed one
+    PACKAGE_INVALID = "package_invalid"  # a model package is malformed or fails verification
+    FETCH_FAILED = "fetch_failed"  # a demo asset could not be fetched or failed its pinned hash
+    QUANTIZE_FAILED = "quantize_failed"  # quantizing or building an engine failed
+    SWAP_FAILED = "swap_failed"  # a model swap was refused or failed
+    STATE_DIR_UNWRITABLE = "state_dir_unwritable"  # the state directory cannot be written
+    CERTS_FAILED = "certs_failed"  # certificates could not be made
+    BUNDLE_FAILED = "bundle_failed"  # a deploy bundle could not be built or installed
+    # --- model packages: verification, one code per failure (DESIGN §5)
+    TOO_LARGE = "too_large"  # over a size cap (a manifest, a signature, a command, a file, a snapshot)
+    TOO_LONG = "too_long"  # a file is longer than the size its manifest declares
+    SIZE_MISMATCH = "size_mismatch"  # a file's size differs from its manifest's
+    HASH_MISMATCH = "hash_mismatch"  # a file's sha256 differs from its manifest's
+    FILE_MISSING = "file_missing"  # a file the manifest lists is not there
+    UNDECLARED_FILE = "undeclared_file"  # a file the manifest does not list
+    NOT_A_PACKAGE = "not_a_package"  # neither a package folder nor a package tar
+    NOT_FOUND = "not_found"  # no such package, model, file or image
+    MANIFEST_INVALID = "manifest_invalid"  # the manifest is not valid JSON or fails its schema
+    UNSIGNED = "unsigned"  # no manifest.sig
+    BAD_SIGNATURE = "bad_signature"  # the signature is malformed or does not verify
+    UNKNOWN_KEY = "unknown_key"  # signed by a key this device does not trust
+    KEY_INVALID = "key_invalid"  # a signing or public key file is unreadable or not Ed25519
+    KEY_EXISTS = "key_exists"  # refusing to overwrite an existing key
+    EXPIRED = "expired"  # a package past its `expires`, or a command past its expiry
+    BAD_VERSION = "bad_version"  # this version was rolled back here and is never retried
+    OLDER_VERSION = "older_version"  # older than the version installed
+    COMPATIBILITY_MISSING = "compatibility_missing"  # an engine without the compatibility it needs
+    INCOMPATIBLE = "incompatible"  # an engine built for another TensorRT, GPU or L4T release
+    NO_SPACE = "no_space"  # not enough free space to install
+    NO_PREVIOUS = "no_previous"  # no previous version to roll back to
+    REBATCH_FAILED = "rebatch_failed"  # the graph's batch cannot be set
+    # --- swaps and rollbacks (events: model_rejected, model_rolled_back)
+    GOLDEN_INVALID = "golden_invalid"  # the package's golden files are unreadable
+    GOLDEN_MISMATCH = "golden_mismatch"  # the model's output differs from its golden output
+    INPUT_CHANGED = "input_changed"  # the model takes another input than the one being served
+    OTHER_MODEL = "other_model"  # a package of another model than the one this daemon serves
+    ROLLED_BACK = "rolled_back"  # a rollback without a more precise reason
+    BY_COMMAND = "by_command"  # rolled back by the `rollback` command
+    PROBATION_FAILED = "probation_failed"  # the new model failed its probation
+    PROBATION_CRASHES = "probation_crashes"  # the daemon crashed too often on probation: rolled back at start
+    CURRENT_CORRUPT = "current_corrupt"  # the current version is corrupt on disk: rolled back at start
+    LOAD_FAILED = "load_failed"  # the current version does not load: rolled back at start
+    OVER_BUDGET = "over_budget"  # the model does not fit the memory budget
+    LOCKED = "locked"  # another edged holds the state directory's lock
+    # --- commands (the reply's error.code)
+    EMPTY = "empty"  # an empty payload (what clearing a retained message delivers)
+    NOT_UTF8 = "not_utf8"  # the payload is not UTF-8
+    INVALID_JSON = "invalid_json"  # the payload is not valid JSON
+    DUPLICATE_KEY = "duplicate_key"  # a JSON object with a key twice
+    NOT_A_NUMBER = "not_a_number"  # NaN or Infinity in the payload
+    TOO_DEEP = "too_deep"  # nested more than 16 levels
+    NOT_AN_OBJECT = "not_an_object"  # the payload is not a JSON object
+    INVALID_ARGUMENTS = "invalid_arguments"  # the arguments fail the verb's schema
+    UNKNOWN_VERB = "unknown_verb"  # no such command
+    RETAINED_IGNORED = "retained_ignored"  # a retained command that is not idempotent is not acted on
+    BAD_RESPONSE_TOPIC = "bad_response_topic"  # a response topic outside the device's reply topics
+    BUSY = "busy"  # too many commands waiting, or another OTA transfer runs
+    FAILED = "failed"  # a command or transfer failed unexpectedly (the message says why)
+    NOT_SUPPORTED = "not_supported"  # this daemon cannot do that (no model store, no config file)
+    UNKNOWN_CAMERA = "unknown_camera"  # no camera of that name
+    RATE_LIMITED = "rate_limited"  # asked again too soon (snapshots)
+    NO_FRAME = "no_frame"  # the camera has no frame yet
+    NOT_SENT = "not_sent"  # the answer could not be published
+    # --- OTA transfers (ota/status error.code)
+    STALLED = "stalled"  # the transfer got no chunk for too long
+    MALFORMED = "malformed"  # a message that breaks the wire contract (an OTA chunk's framing, say)
+    # --- operator tools
+    NO_DEVICES = "no_devices"  # `edged push`: no device to push to
+    FRAMES_INVALID = "frames_invalid"  # calibration frames or ground truth unreadable
 
 
 class EdgedError(Exception):
     """Base of every error edged raises on purpose."""
 
-    code = "error"
+    code: Code = Code.ERROR
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: Code | str | None = None) -> None:
+        """`code`: a `Code` member or its value (a value that is no member is a programmer error: ValueError)."""
         super().__init__(message)
         if code is not None:
-            self.code = code
+            self.code = Code(code)
 
 
 class ConfigError(EdgedError):
-    code = "config_invalid"
+    code = Code.CONFIG_INVALID
 
 
 class CaptureError(EdgedError):
-    code = "capture_failed"
+    code = Code.CAPTURE_FAILED
 
 
 class BackendError(EdgedError):
-    code = "backend_unavailable"
+    code = Code.BACKEND_UNAVAILABLE
 
 
 class EngineLoadError(BackendError):
-    code = "model_load_failed"
+    code = Code.MODEL_LOAD_FAILED
 
 
 class InferenceError(BackendError):
-    code = "inference_failed"
+    code = Code.INFERENCE_FAILED
 
 
 class DecoderError(EdgedError):
-    code = "decoder_mismatch"
+    code = Code.DECODER_MISMATCH
 
 
 class PublishError(EdgedError):
-    code = "publish_failed"
+    code = Code.PUBLISH_FAILED
 
 
 class PackageError(EdgedError):
-    code = "package_invalid"
+    code = Code.PACKAGE_INVALID
+
+
+class CommandError(EdgedError):
+    """A command refused; `code` and the message go into the reply (``{"ok": false, "error": {...}}``)."""
+
+    code = Code.FAILED
+
+    def __init__(self, code: Code | str, message: str) -> None:
+        super().__init__(message, code=code)
+
+
+class ProtocolError(EdgedError):
+    """A message that breaks the wire contract (edged.protocol): dropped, counted, never acted on."""
+
+    code = Code.MALFORMED
 
 
 class FetchError(EdgedError):
-    code = "fetch_failed"
+    code = Code.FETCH_FAILED
 
 
 class QuantizeError(EdgedError):
-    code = "quantize_failed"
+    code = Code.QUANTIZE_FAILED
 
 
 class SwapError(EdgedError):
-    code = "swap_failed"
+    code = Code.SWAP_FAILED
 
 
 class StateDirError(EdgedError):
     """Not the model's fault: a start that fails with it is never counted against a model on probation."""
 
-    code = "state_dir_unwritable"
+    code = Code.STATE_DIR_UNWRITABLE

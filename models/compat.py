@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edged.errors import PackageError
+from edged.errors import Code, PackageError
 
 # Jetson SoCs by device-tree compatible string: their GPU's compute capability.
 TEGRA_COMPUTE_CAPABILITY = {
@@ -36,7 +36,7 @@ _RELEASE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
 
 
 class IncompatibleEngine(PackageError):
-    code = "incompatible"
+    code = Code.INCOMPATIBLE
 
 
 @dataclass(frozen=True)

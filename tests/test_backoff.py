@@ -1,4 +1,4 @@
-"""Full-jitter back-off (daemon/backoff.py): the helper's distribution, and a fleet of real daemons
+"""Full-jitter back-off (protocol/backoff.py): the helper's distribution, and a fleet of real daemons
 that lost their broker at the same instant reconnecting apart rather than in lockstep."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from edged.daemon.backoff import Backoff
 from edged.models.demo import DemoAssets
+from edged.protocol.backoff import Backoff
 
 from .conftest import Broker, base_config, wait_until, write_config
 

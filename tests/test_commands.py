@@ -23,15 +23,11 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel, ConfigDict
 
-from edged.daemon.commands import (
-    MAX_COMMAND_BYTES,
-    CommandError,
-    Commands,
-    NoArgs,
-    parse_payload,
-    response_topic_allowed,
-)
+from edged.daemon.commands import Commands, NoArgs
+from edged.errors import CommandError
 from edged.models.demo import DemoAssets
+from edged.protocol.commands import MAX_COMMAND_BYTES, parse_payload
+from edged.protocol.topics import response_topic_allowed
 
 from .conftest import base_config, free_port, wait_until, write_config
 
@@ -407,7 +403,7 @@ def _video_4k(path: Path, demo: DemoAssets) -> Path:
 def test_snapshot_of_a_4k_camera_fits_the_cap(
     broker, subscribe, start_daemon, demo: DemoAssets, tmp_path: Path
 ) -> None:
-    from edged.daemon.publish import MAX_PAYLOAD_BYTES
+    from edged.protocol.client import MAX_PAYLOAD_BYTES
 
     video = _video_4k(tmp_path / "4k.avi", demo)
     first = cv2.VideoCapture(str(video)).read()[1]

@@ -14,11 +14,12 @@ import jsonschema
 import pytest
 
 from edged.models.demo import DemoAssets
+from edged.protocol import RESULT_SCHEMA, schema
 
-from .conftest import REPO, base_config, free_port, wait_until, write_config
+from .conftest import base_config, free_port, wait_until, write_config
 from .test_capture import mjpeg_server
 
-SCHEMA = json.loads((REPO / "daemon" / "result.schema.json").read_text())
+SCHEMA = schema(RESULT_SCHEMA)  # the shipped file, protocol/schemas/result.schema.json
 
 
 def iou(a: list[float], b: list[float]) -> float:

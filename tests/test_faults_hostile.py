@@ -25,7 +25,6 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edged.daemon.governor import admit
-from edged.daemon.ota import pack_chunk
 from edged.daemon.swap import activation_mb, estimate_mb
 from edged.errors import EngineLoadError, PackageError
 from edged.models.demo import DemoAssets
@@ -34,6 +33,7 @@ from edged.models.package import open_package, pack_tar, write_package
 from edged.models.rebatch import rebatch
 from edged.models.signing import SigningKey, TrustStore
 from edged.models.store import Store
+from edged.protocol.ota import pack_chunk
 from tests.conftest import REPO, Broker, base_config, free_port, wait_until, write_config
 from tests.test_ota import MODEL, build, device_doc, install, push, wait_results
 
@@ -455,18 +455,20 @@ def test_a_deeply_nested_signature_in_an_ota_offer_is_a_bad_signature(
     ids=["infinity", "nan", "huge", "bool", "negative", "list", "no-offset", "deep", "not-utf8"],
 )
 def test_a_hostile_chunk_header_is_malformed_never_another_error(header: bytes) -> None:
-    """Every header a hostile peer can send on ota/data is a ValueError (dropped and counted as malformed on
-    the network thread), never an OverflowError or RecursionError that escapes to paho's callback."""
+    """Every header a hostile peer can send on ota/data is a ProtocolError, code malformed (dropped and counted
+    on the network thread), never an OverflowError or RecursionError that escapes to paho's callback."""
     import struct
 
-    from edged.daemon.ota import chunk_key
+    from edged.errors import Code, ProtocolError
+    from edged.protocol.ota import chunk_key
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ProtocolError) as exc:
         chunk_key(struct.pack(">H", len(header)) + header + b"data")
+    assert exc.value.code == Code.MALFORMED
 
 
 def test_a_well_formed_chunk_header_gives_its_key() -> None:
-    from edged.daemon.ota import chunk_key, pack_chunk
+    from edged.protocol.ota import chunk_key, pack_chunk
 
     payload = pack_chunk({"transfer": "t1", "file": "model.onnx", "offset": 4096}, b"abc")
     key, start = chunk_key(payload)

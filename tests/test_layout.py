@@ -12,6 +12,7 @@ import edged.cli
 import edged.daemon
 import edged.deploy
 import edged.models
+import edged.protocol
 import edged.quantize
 
 from .conftest import REPO
@@ -38,12 +39,7 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
 }
 # Imports the table forbids that the code still has, each with what removes it. The test fails when a new
 # one appears and when one listed here is gone (then delete its line).
-KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
-    ("deploy/push.py", "edged.daemon.backoff"): "push speaks edged.protocol (issue 13, part 1)",
-    ("deploy/push.py", "edged.daemon.config"): "push speaks edged.protocol (issue 13, part 1)",
-    ("deploy/push.py", "edged.daemon.ota"): "push speaks edged.protocol (issue 13, part 1)",
-    ("deploy/push.py", "edged.daemon.publish"): "push speaks edged.protocol (issue 13, part 1)",
-}
+KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {}
 
 
 def test_parts_come_from_their_top_level_folders() -> None:
@@ -53,6 +49,7 @@ def test_parts_come_from_their_top_level_folders() -> None:
         (edged.quantize, "quantize"),
         (edged.deploy, "deploy"),
         (edged.cli, "cli"),
+        (edged.protocol, "protocol"),
     ]:
         assert Path(mod.__file__ or "").resolve().parent == REPO / folder
 
@@ -280,3 +277,51 @@ def test_no_import_loops_among_our_modules() -> None:
     assert "edged.daemon.backends.base" in graph["edged.daemon.backends.tensorrt"]
     cycle = _find_cycle(graph)
     assert cycle is None, "import loop: " + " -> ".join(cycle or [])
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Absolute module names imported anywhere in a file or folder (inside functions too)."""
+    found: set[str] = set()
+    for py in [path] if path.is_file() else path.rglob("*.py"):
+        for node in ast.walk(ast.parse(py.read_text(), str(py))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+    return found
+
+
+def test_protocol_imports_nothing_of_ours_but_errors_and_the_version() -> None:
+    """The wire contract is the ground both ends stand on: nothing of ours but the exception tree and the
+    version, and none of the device runtime's heavy libraries."""
+    found = _all_imports(REPO / "protocol")
+    ours = {m for m in found if m == "edged" or m.startswith("edged.")}
+    assert ours <= {"edged", "edged.errors"}, ours
+    heavy = {m for m in found if m.split(".")[0] in ("numpy", "cv2", "onnxruntime", "onnx", "tensorrt", "pycuda")}
+    assert not heavy, heavy
+
+
+def test_operator_tools_import_no_device_runtime_module() -> None:
+    """`edged push` and `edged watch` speak edged.protocol, never edged.daemon (DESIGN §1). The one exception:
+    `edged watch --snapshot` draws boxes with the daemon's OpenCV drawing, imported only then."""
+    lazy_snapshot_drawing = {"edged.daemon.annotate"}
+    for py in (REPO / "deploy" / "push.py", REPO / "cli" / "watch.py"):
+        daemon = {m for m in _all_imports(py) if m == "edged.daemon" or m.startswith("edged.daemon.")}
+        assert daemon <= lazy_snapshot_drawing, f"{py.name} imports {daemon}"
+    top_level = ast.parse((REPO / "cli" / "watch.py").read_text()).body
+    at_import = {
+        n.module for n in top_level if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("edged.daemon")
+    }
+    assert not at_import, at_import
+
+
+def test_the_protocol_and_the_operator_tools_load_no_device_runtime() -> None:
+    code = (
+        "import sys, edged.protocol\n"
+        "heavy = [m for m in ('numpy', 'cv2', 'onnxruntime', 'onnx') if m in sys.modules]\n"
+        "import edged.cli.watch, edged.deploy.push\n"
+        "daemon = [m for m in sys.modules if m.startswith('edged.daemon')]\n"
+        "print(heavy, daemon); sys.exit(1 if heavy or daemon else 0)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr

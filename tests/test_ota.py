@@ -24,12 +24,12 @@ import pytest
 from onnx import helper, numpy_helper
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edged.daemon.ota import pack_chunk
 from edged.daemon.swap import SWAP_STEPS
 from edged.models.demo import DemoAssets
 from edged.models.package import pack_tar, verify_folder, write_package
 from edged.models.signing import SigningKey, generate_key, load_signing_key
 from edged.models.store import INSTALL_STEPS
+from edged.protocol.ota import pack_chunk
 from tests.conftest import REPO, Broker, DaemonProc, base_config, edged_cli, wait_until, write_config
 
 MODEL = "blazeface-back"

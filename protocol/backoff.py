@@ -1,4 +1,5 @@
-"""Retry timing with full jitter, for every retry loop of the daemon (and ``edged push``).
+"""Retry timing with full jitter, for every retry loop of the daemon and the operator tools (reconnects,
+spool retries, refused topics, OTA re-asks).
 
 After a broker restart a fleet that backs off in fixed steps (1 s, 2 s, 4 s …) retries in lockstep:
 every device lost the connection at the same instant, so every device knocks at the same instants.

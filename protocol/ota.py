@@ -1,0 +1,168 @@
+"""Over-the-air transfer framing and states (DESIGN §6): what the pusher and the device exchange.
+
+    pusher ── cmd/ota {transfer, manifest, sig} ──> device         the offer (`OfferArgs`, base64 fields)
+    device ── ota/req {transfer, file, offset, length} ──> pusher  a chunk request (`ChunkRequest`)
+    pusher ── ota/data [2-byte header length][header JSON][bytes] ──> device   a chunk (`pack_chunk`)
+    device ── ota/status {schema, transfer, state, ts, …} ──> pusher            progress (`status_doc`)
+
+A chunk's header is a JSON object with ``transfer``, ``file`` and ``offset`` (its `chunk_key`); the
+data follows it. Anything else on ota/data is malformed (`ProtocolError`, code ``malformed``) and is
+dropped on arrival. States of a transfer are `OtaState`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import struct
+import time
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from edged.errors import Code, CommandError, EdgedError, ProtocolError
+
+from .commands import MAX_MESSAGE_CHARS
+from .schemas import OTA_SCHEMA
+
+MAX_OFFER_BYTES = 512 * 1024  # a base64 manifest of up to 256 KiB and its signature
+MAX_HEADER_BYTES = 0xFFFF  # a chunk header's length is two bytes
+TRANSFER_ID = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+class OtaState(str, Enum):
+    """The states of a transfer on ``…/ota/status`` (and the offer's reply, for accepted and unchanged)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    ACCEPTED = "accepted"  # the offer passed every manifest check; chunks are asked for next
+    DOWNLOADING = "downloading"  # chunks arrive (`bytes` of `total`)
+    VERIFYING = "verifying"  # every file is in: hashes are checked
+    INSTALLING = "installing"  # the package is staged through the store
+    PROBATION = "probation"  # swapped in, on probation (success; the model state says when it commits)
+    UNCHANGED = "unchanged"  # already current: a no-op
+    REJECTED = "rejected"  # a check refused it (`error`)
+    FAILED = "failed"  # the transfer could not complete (`error`; what arrived is kept for a resume)
+    JOINED = "joined"  # the same package was offered again: the transfer carries on under the id in `by`
+
+
+class OfferArgs(BaseModel):
+    """The ``cmd/ota`` arguments: base64 of the exact manifest.json bytes and of manifest.sig."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    transfer: str = Field(pattern=TRANSFER_ID)
+    manifest: str
+    sig: str
+
+    def decode(self) -> tuple[bytes, bytes]:
+        """(manifest bytes, signature bytes); CommandError(invalid_arguments) when either is not base64."""
+        try:
+            return base64.b64decode(self.manifest, validate=True), base64.b64decode(self.sig, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise CommandError(Code.INVALID_ARGUMENTS, f"manifest/sig must be base64: {exc}") from exc
+
+
+def offer_args(transfer: str, manifest: bytes, sig: bytes) -> OfferArgs:
+    return OfferArgs(
+        transfer=transfer, manifest=base64.b64encode(manifest).decode(), sig=base64.b64encode(sig).decode()
+    )
+
+
+def offer_payload(args: OfferArgs) -> bytes:
+    """The ``cmd/ota`` payload (also what a device persists to resume a transfer)."""
+    return json.dumps({"transfer": args.transfer, "manifest": args.manifest, "sig": args.sig}).encode()
+
+
+class ChunkRequest(BaseModel):
+    """An ``ota/req`` message: the device asks for `length` bytes of `file` at `offset`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    transfer: str
+    file: str
+    offset: int = Field(ge=0)
+    length: int = Field(gt=0)
+
+    def payload(self) -> bytes:
+        doc = {"transfer": self.transfer, "file": self.file, "offset": self.offset, "length": self.length}
+        return json.dumps(doc).encode()
+
+
+def pack_chunk(header: dict[str, Any], data: bytes) -> bytes:
+    """An ``ota/data`` message: [2-byte big-endian header length][header JSON][data]."""
+    h = json.dumps(header, separators=(",", ":")).encode()
+    if len(h) > MAX_HEADER_BYTES:
+        raise ValueError(f"a chunk header of {len(h)} bytes is over {MAX_HEADER_BYTES}")
+    return struct.pack(">H", len(h)) + h + data
+
+
+def chunk(transfer: str, file: str, offset: int, data: bytes) -> bytes:
+    """The chunk answering a `ChunkRequest`."""
+    return pack_chunk({"transfer": transfer, "file": file, "offset": offset}, data)
+
+
+def unpack_chunk(payload: bytes) -> tuple[dict[str, Any], bytes]:
+    header, start = chunk_header(payload)
+    return header, payload[start:]
+
+
+def _not_a_number(name: str) -> Any:
+    raise ProtocolError(f"{name} in a chunk header")
+
+
+def chunk_header(payload: bytes | bytearray) -> tuple[dict[str, Any], int]:
+    """A chunk's header and where its data starts; the data itself is not copied. ProtocolError when malformed."""
+    if len(payload) < 2:
+        raise ProtocolError("short chunk")
+    (n,) = struct.unpack(">H", payload[:2])
+    try:
+        header = json.loads(payload[2 : 2 + n], parse_constant=_not_a_number)
+    except RecursionError as exc:  # a 64 KiB header can nest deeper than the parser's stack
+        raise ProtocolError("chunk header nested too deep") from exc
+    except ValueError as exc:  # not UTF-8, not JSON
+        raise ProtocolError(f"chunk header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ProtocolError("chunk header is not an object")
+    return header, 2 + n
+
+
+def chunk_key(payload: bytes | bytearray) -> tuple[tuple[str, str, int], int]:
+    """(transfer, file, offset) of a chunk and where its data starts; ProtocolError for anything else (a
+    hostile peer's header: not JSON, not an object, fields missing, an offset that is no whole number)."""
+    header, start = chunk_header(payload)
+    try:
+        transfer, name, offset = header["transfer"], header["file"], header["offset"]
+    except KeyError as exc:
+        raise ProtocolError(f"chunk header without {exc}") from exc
+    if not isinstance(transfer, str) or not isinstance(name, str):
+        raise ProtocolError("chunk header: transfer and file must be strings")
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise ProtocolError(f"chunk header: offset {offset!r} is not a byte offset")
+    return (transfer, name, offset), start
+
+
+def status_doc(
+    transfer: str,
+    state: OtaState,
+    model: tuple[str, int] | None = None,
+    done: int | None = None,
+    total: int | None = None,
+    error: EdgedError | None = None,
+    detail: dict[str, Any] | None = None,
+    by: str | None = None,
+) -> dict[str, Any]:
+    """An ``edged.ota/1`` document for ``…/ota/status`` (QoS 1, retained)."""
+    doc: dict[str, Any] = {"schema": OTA_SCHEMA, "transfer": transfer, "state": state, "ts": time.time()}
+    if model is not None:
+        doc["model"] = {"name": model[0], "version": model[1]}
+    if done is not None:
+        doc["bytes"], doc["total"] = done, total
+    if error is not None:
+        doc["error"] = {"code": error.code, "message": str(error)[:MAX_MESSAGE_CHARS]}
+    if detail:
+        doc["detail"] = detail
+    if by is not None:
+        doc["by"] = by  # joined: the transfer id it carries on under
+    return doc

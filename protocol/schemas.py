@@ -1,0 +1,105 @@
+"""Schema ids of every JSON payload edged sends, their JSON Schemas (shipped in ``schemas/``), and the
+builders of the payloads whose shape the contract fixes.
+
+Every JSON document a device publishes carries its schema id in ``"schema"`` (the retained status
+predates that and does not), so a subscriber can tell versions apart; a change that breaks a
+subscriber gets a new id (``edged.result/2``), an addition does not.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+RESULT_SCHEMA = "edged.result/1"
+EVENT_SCHEMA = "edged.event/1"
+TELEMETRY_SCHEMA = "edged.telemetry/1"
+REPLY_SCHEMA = "edged.reply/1"
+OTA_SCHEMA = "edged.ota/1"  # ota/status
+STATUS_SCHEMA = "edged.status/1"  # not in the payload (it predates schema ids): the schema file's $id
+MODEL_STATE_SCHEMA = "edged.model-state/1"
+OTA_OFFER_SCHEMA = "edged.ota_offer/1"  # the cmd/ota arguments; likewise
+OTA_REQUEST_SCHEMA = "edged.ota_request/1"  # ota/req; likewise
+OTA_CHUNK_HEADER_SCHEMA = "edged.ota_chunk/1"  # an ota/data chunk's header; likewise
+
+SCHEMA_DIR = Path(__file__).parent / "schemas"
+# schema id -> its file in SCHEMA_DIR
+FILES = {
+    RESULT_SCHEMA: "result.schema.json",
+    EVENT_SCHEMA: "event.schema.json",
+    TELEMETRY_SCHEMA: "telemetry.schema.json",
+    REPLY_SCHEMA: "reply.schema.json",
+    STATUS_SCHEMA: "status.schema.json",
+    MODEL_STATE_SCHEMA: "model_state.schema.json",
+    OTA_SCHEMA: "ota_status.schema.json",
+    OTA_OFFER_SCHEMA: "ota_offer.schema.json",
+    OTA_REQUEST_SCHEMA: "ota_request.schema.json",
+    OTA_CHUNK_HEADER_SCHEMA: "ota_chunk.schema.json",
+}
+
+STATUS_STATES = ("online", "offline", "stopped")  # offline is the last will
+
+
+@cache
+def schema(schema_id: str) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of `schema_id`, as shipped."""
+    try:
+        name = FILES[schema_id]
+    except KeyError:
+        raise ValueError(f"no schema {schema_id!r}; known: {', '.join(sorted(FILES))}") from None
+    doc: dict[str, Any] = json.loads((SCHEMA_DIR / name).read_text())
+    return doc
+
+
+def iso(ts: float) -> str:
+    """A wall-clock time as the wire writes it: ISO-8601 UTC with milliseconds, ``2026-11-29T16:03:11.120Z``."""
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def dumps(doc: dict[str, Any]) -> bytes:
+    """Compact JSON, as results, events, telemetry and the model state go out."""
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def result_doc(
+    *,
+    device: str,
+    camera: str,
+    boot_id: str,
+    seq: int,
+    frame: int,
+    captured_at: float,
+    capture_to_result_ms: float,
+    infer_ms: float,
+    model: tuple[str, int],
+    image: tuple[int, int],
+    detections: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """An ``edged.result/1`` document: every detection of one frame of one camera (`image` is (width, height))."""
+    return {
+        "schema": RESULT_SCHEMA,
+        "device": device,
+        "camera": camera,
+        "boot_id": boot_id,
+        "seq": seq,
+        "frame": frame,
+        "captured_at": iso(captured_at),
+        "latency_ms": {"capture_to_result": round(capture_to_result_ms, 2), "infer": round(infer_ms, 2)},
+        "model": {"name": model[0], "version": model[1]},
+        "image": {"width": image[0], "height": image[1]},
+        "detections": detections,
+    }
+
+
+def status_doc(
+    state: str, version: str, boot_id: str, since: str, spool: str, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The retained ``…/status`` document; `extra` is what the daemon adds (model, groups)."""
+    if state not in STATUS_STATES:
+        raise ValueError(f"status state {state!r}; one of {', '.join(STATUS_STATES)}")
+    doc: dict[str, Any] = {"state": state, "version": version, "boot_id": boot_id, "since": since, "spool": spool}
+    doc.update(extra or {})
+    return doc

@@ -1,0 +1,135 @@
+"""Every MQTT topic edged uses, one builder each (DESIGN §4, §6).
+
+A device's topics live under its root, ``<topic_prefix>/<device_id>`` (default ``edged/<device_id>``):
+
+    topic                               dir  QoS  retained  payload (schema id)
+    …/status                            out  1    yes       edged.status/1; ``offline`` is the last will
+    …/results/<camera>                  out  1*   no        edged.result/1 (*mqtt.qos)
+    …/events                            out  1    no        edged.event/1
+    …/telemetry                         out  0    yes       edged.telemetry/1
+    …/model/state                       out  1    yes       edged.model-state/1
+    …/snapshot/<camera>                 out  0    no        a JPEG
+    …/cmd/<verb>                        in   1    no        the verb's arguments (a JSON object)
+    …/cmd/<verb>/reply                  out  1    no        edged.reply/1, when no response topic was given
+    …/reply/<anything>                  out  1    no        edged.reply/1, to a subscriber's response topic
+    <prefix>/_push/<transfer>/reply     out  1    no        edged.reply/1, to an ``edged push`` offer
+    …/ota/req                           out  0    no        edged.ota_request/1: a chunk the device asks for
+    …/ota/data                          in   0    no        a chunk: [2-byte header length][header JSON][bytes]
+    …/ota/status                        out  1    yes       edged.ota/1
+"""
+
+from __future__ import annotations
+
+import re
+
+# a device topic's suffix under its root (what `Publisher.topic(suffix)` and `route(suffix)` take)
+STATUS = "status"
+EVENTS = "events"
+TELEMETRY = "telemetry"
+MODEL_STATE = "model/state"
+OTA_REQUEST = "ota/req"
+OTA_DATA = "ota/data"
+OTA_STATUS = "ota/status"
+PUSH = "_push"  # the pushers' namespace under the prefix: <prefix>/_push/<transfer>/reply
+_PUSH_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_TOPIC_BYTES = 1024  # the longest response topic a device replies on
+
+
+def device_root(prefix: str, device: str) -> str:
+    """``<prefix>/<device>``: every topic of one device is under it."""
+    return f"{prefix}/{device}"
+
+
+def status(root: str) -> str:
+    return f"{root}/{STATUS}"
+
+
+def results_suffix(camera: str) -> str:
+    return f"results/{camera}"
+
+
+def results(root: str, camera: str) -> str:
+    return f"{root}/{results_suffix(camera)}"
+
+
+def events(root: str) -> str:
+    return f"{root}/{EVENTS}"
+
+
+def telemetry(root: str) -> str:
+    return f"{root}/{TELEMETRY}"
+
+
+def model_state(root: str) -> str:
+    return f"{root}/{MODEL_STATE}"
+
+
+def snapshot(root: str, camera: str) -> str:
+    return f"{root}/snapshot/{camera}"
+
+
+def command(root: str, verb: str) -> str:
+    return f"{root}/cmd/{verb}"
+
+
+def commands(root: str) -> str:
+    """The filter a device subscribes to for its commands."""
+    return f"{root}/cmd/+"
+
+
+def command_reply(root: str, verb: str) -> str:
+    """Where a reply goes when the command named no (allowed) response topic."""
+    return f"{root}/cmd/{verb or 'unknown'}/reply"
+
+
+def verb_of(root: str, topic: str) -> str:
+    """The verb of a command topic of this device (``''`` for any other topic)."""
+    prefix = f"{root}/cmd/"
+    return topic[len(prefix) :] if topic.startswith(prefix) else ""
+
+
+def push_reply(prefix: str, transfer: str) -> str:
+    """An ``edged push``'s reply topic (its offers' MQTT v5 response topic)."""
+    return f"{prefix}/{PUSH}/{transfer}/reply"
+
+
+def ota_request(root: str) -> str:
+    return f"{root}/{OTA_REQUEST}"
+
+
+def ota_data(root: str) -> str:
+    return f"{root}/{OTA_DATA}"
+
+
+def ota_status(root: str) -> str:
+    return f"{root}/{OTA_STATUS}"
+
+
+def every_status(prefix: str) -> str:
+    """Discovery: the filter for every device's retained status (``edged push --group``)."""
+    return f"{prefix}/+/status"
+
+
+def everything(root: str) -> str:
+    """The filter for every topic of one device (``edged watch``)."""
+    return f"{root}/#"
+
+
+def split(prefix: str, topic: str) -> tuple[str, str]:
+    """(device, suffix) of a device topic under `prefix`: ``edged/cam-1/ota/req`` -> (``cam-1``, ``ota/req``)."""
+    device, _, suffix = topic[len(prefix) + 1 :].partition("/")
+    return device, suffix
+
+
+def response_topic_allowed(topic: str, root: str) -> bool:
+    """Whether a device whose topics are under `root` may reply on `topic`: its own ``…/reply/<anything>``
+    or a pusher's ``<prefix>/_push/<id>/reply`` (what the shipped ACL, systemd/mosquitto/edged.acl, lets a
+    device publish), never wildcards, ``$SYS/…`` or another device's topics."""
+    if not topic or len(topic.encode()) > MAX_TOPIC_BYTES or any(c in topic for c in "+#\x00") or topic.startswith("$"):
+        return False
+    if topic.startswith(root + "/reply/") and "//" not in topic:
+        return True
+    prefix = root.rpartition("/")[0]
+    head, _, rest = topic.partition(prefix + f"/{PUSH}/")
+    token, _, tail = rest.partition("/")
+    return head == "" and tail == "reply" and _PUSH_ID.fullmatch(token) is not None
