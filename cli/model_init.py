@@ -7,6 +7,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edged.errors import Code
+
 if TYPE_CHECKING:
     from edged.models.package import Package
 
@@ -84,7 +86,7 @@ def write_golden(folder: Path, image: Path, atol: float, rtol: float) -> str:
         raise PackageError(f"{pkg.ref}: golden pairs are made here for ONNX packages; make an engine's on a device")
     frame = cv2.imread(str(image), cv2.IMREAD_COLOR)
     if frame is None:
-        raise PackageError(f"{image}: not an image OpenCV can read", code="not_found")
+        raise PackageError(f"{image}: not an image OpenCV can read", code=Code.NOT_FOUND)
     pre = Preprocessor(m.input)
     row = pre.new_row()
     pre.run(frame, row)

@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edged.errors import Code
+
 if TYPE_CHECKING:
     from edged.daemon.config import Config
     from edged.models.signing import TrustStore
@@ -89,7 +91,7 @@ def _trust(cfg: Config) -> TrustStore:
     trust = TrustStore.load(cfg.model.keys_dir)
     if not trust.keys:
         raise PackageError(
-            f"model.keys_dir {cfg.model.keys_dir}: no *.pub keys, so no package can be trusted", code="unknown_key"
+            f"model.keys_dir {cfg.model.keys_dir}: no *.pub keys, so no package can be trusted", code=Code.UNKNOWN_KEY
         )
     return trust
 

@@ -26,6 +26,8 @@ from paho.mqtt.properties import Properties
 
 from edged.models.package import Package
 from edged.models.store import Store
+from edged.protocol import topics
+from edged.protocol.schemas import EVENT_SCHEMA
 
 from .backends import Backend
 from .capture import Camera, Throttle
@@ -205,7 +207,7 @@ class Daemon:
         self.publisher.publish_direct(topic, payload, qos=1, properties=props)
 
     def _publish_model_state(self, doc: dict[str, Any]) -> None:
-        self.publisher.set_retained("model/state", doc)
+        self.publisher.set_retained(topics.MODEL_STATE, doc)
 
     def _status_extra(self) -> dict[str, Any]:
         m = self.package.manifest
@@ -218,7 +220,7 @@ class Daemon:
 
     def _event(self, doc: dict[str, Any]) -> None:
         event = {
-            "schema": "edged.event/1",
+            "schema": EVENT_SCHEMA,
             "device": self.cfg.device_id,
             "boot_id": self.boot_id,
             "ts": iso(time.time()),
@@ -323,7 +325,7 @@ class Daemon:
                 self.models.check_probation(now)
                 if now >= next_tel:
                     self.lock.check()  # a state directory deleted while running: the lock is taken again
-                    self.publisher.publish_json("telemetry", self.telemetry.document(), qos=0, retain=True)
+                    self.publisher.publish_json(topics.TELEMETRY, self.telemetry.document(), qos=0, retain=True)
                     notify(f"STATUS={self.telemetry.status_line()}")
                     next_tel = now + self.cfg.telemetry.interval_s
                 self.stop_event.wait(min(0.25, max(0.01, next_tel - now)))
@@ -387,7 +389,7 @@ class Daemon:
             c.join(5.0)
         self.loop.join(10.0)
         try:
-            self.publisher.publish_json("telemetry", self.telemetry.document(), qos=0, retain=True)
+            self.publisher.publish_json(topics.TELEMETRY, self.telemetry.document(), qos=0, retain=True)
         finally:
             self.commands.stop()
             self.models.close()

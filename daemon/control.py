@@ -22,7 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from edged.errors import ConfigError, EdgedError
+from edged.errors import Code, ConfigError, EdgedError
+from edged.protocol import topics
 
 from .annotate import draw, fit_jpeg
 from .capture import Camera, Throttle
@@ -123,7 +124,7 @@ class Control:
         """Serve the previous version, then roll the store back; a refusal (no previous, another input spec,
         does not load) changes neither, and the reply carries its code."""
         try:
-            return self.models.rollback("rolled back by command", code="by_command")
+            return self.models.rollback("rolled back by command", code=Code.BY_COMMAND)
         except EdgedError as exc:
             raise CommandError(exc.code, str(exc)) from exc
 
@@ -142,7 +143,7 @@ class Control:
         self._last_snapshot[cam.name] = now
         # a 4K frame's JPEG is over the message cap: lower the quality, then scale down, until it fits
         jpg = fit_jpeg(draw(frame, self.last_dets.get(cam.name, [])), MAX_PAYLOAD_BYTES)
-        topic = self.publisher.topic(f"snapshot/{cam.name}")
+        topic = topics.snapshot(self.publisher.root, cam.name)
         if not self.publisher.publish_direct(topic, jpg.data, qos=0):
             raise CommandError("not_sent", f"the snapshot ({len(jpg.data)} bytes) could not be published")
         return {
@@ -204,7 +205,8 @@ class Control:
             return self.models.apply_store_current()
         except (EdgedError, OSError) as exc:
             logger.error("reload: the store's current model was not taken: %s", exc)
-            return {"error": {"code": getattr(exc, "code", "failed"), "message": str(exc)}}
+            code = exc.code if isinstance(exc, EdgedError) else Code.FAILED
+            return {"error": {"code": code, "message": str(exc)}}
 
     def reload_in_background(self) -> None:
         """SIGHUP once ready: reload off the main thread (which keeps ticking the watchdog)."""

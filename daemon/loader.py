@@ -22,6 +22,7 @@ import numpy as np
 from edged.errors import (
     BackendError,
     CaptureError,
+    Code,
     ConfigError,
     DecoderError,
     EdgedError,
@@ -69,7 +70,7 @@ def resolve_package(cfg: Config) -> Package:
         raise ConfigError("model: set exactly one of model.package (a package folder or .tar) or model.name")
     current = cfg.state_dir / "models" / name / "current"
     if not current.exists():
-        raise PackageError(f"model.name {name!r}: no {current} in the model store", code="not_found")
+        raise PackageError(f"model.name {name!r}: no {current} in the model store", code=Code.NOT_FOUND)
     return open_package(current)
 
 
@@ -195,10 +196,10 @@ class ModelLoader:
         if cur is None:
             return False
         if isinstance(exc, PackageError) and exc.code in CORRUPT_CODES:
-            return self._rollback_at_start(store, name, f"{name}@{cur} is corrupt on disk: {exc}", "current_corrupt")
+            return self._rollback_at_start(store, name, f"{name}@{cur} is corrupt on disk: {exc}", Code.CURRENT_CORRUPT)
         if store.state(name).pending != cur:
             return False
-        return self._rollback_at_start(store, name, f"{name}@{cur} does not load: {exc}", "load_failed")
+        return self._rollback_at_start(store, name, f"{name}@{cur} does not load: {exc}", Code.LOAD_FAILED)
 
     def _rollback_at_start(self, store: Store, name: str, reason: str, code: str) -> bool:
         """Roll the store back before anything is loaded; the event goes out once the publisher runs."""
@@ -251,4 +252,4 @@ class ModelLoader:
                 )
             return
         reason = f"the daemon crashed {crashes} times while {name}@{st.pending} was on probation"
-        self._rollback_at_start(store, name, reason, "probation_crashes")
+        self._rollback_at_start(store, name, reason, Code.PROBATION_CRASHES)

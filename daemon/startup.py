@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from edged.errors import StateDirError
+from edged.errors import Code, StateDirError
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class StateLock:
                         f"state_dir {state_dir}: another edged (pid {holder or 'unknown'}) holds the lock "
                         f"{self.path}; one daemon per state directory (stop that one, or give this one its own "
                         "state_dir)",
-                        code="locked",
+                        code=Code.LOCKED,
                     ) from exc
                 raise StateDirError(f"state_dir {state_dir}: cannot lock {self.path}: {exc.strerror}") from exc
         try:

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from edged.protocol.schemas import TELEMETRY_SCHEMA
+
 from .capture import Camera
 from .config import Config
 from .governor import Governor
@@ -26,8 +28,6 @@ from .ota import OtaReceiver
 from .publish import Publisher, iso
 from .sensors import process_memory_mb
 from .swap import ModelManager
-
-TELEMETRY_SCHEMA = "edged.telemetry/1"
 
 
 @dataclass

@@ -82,6 +82,10 @@ class Code(str, Enum):
     NO_SPACE = "no_space"  # not enough free space to install
     NO_PREVIOUS = "no_previous"  # no previous version to roll back to
     REBATCH_FAILED = "rebatch_failed"  # the graph's batch cannot be set
+    SIGNATURE_MISMATCH = "signature_mismatch"  # the model's inputs/outputs contradict its manifest
+    LABELS_MISMATCH = "labels_mismatch"  # labels.txt or the label count contradicts the manifest or the model
+    LABELS_INVALID = "labels_invalid"  # labels.txt is unreadable or malformed
+    INIT_FAILED = "init_failed"  # `edged model init` cannot make a package of this ONNX export
     # --- swaps and rollbacks (events: model_rejected, model_rolled_back)
     GOLDEN_INVALID = "golden_invalid"  # the package's golden files are unreadable
     GOLDEN_MISMATCH = "golden_mismatch"  # the model's output differs from its golden output

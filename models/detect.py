@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from edged.errors import PackageError
+from edged.errors import Code, PackageError
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -90,14 +90,14 @@ def cells(height: int, width: int, strides: tuple[int, ...] = (8, 16, 32), ceil:
 def detect(shapes: Shapes, height: int, width: int, ultralytics: bool, forced: str | None = None) -> Detected:
     """The decoder for these output shapes (`forced`: the user's choice, still checked for fit)."""
     if forced is not None and forced not in DECODERS:
-        raise PackageError(f"--decoder {forced!r} is not one of {', '.join(DECODERS)}", code="init_failed")
+        raise PackageError(f"--decoder {forced!r} is not one of {', '.join(DECODERS)}", code=Code.INIT_FAILED)
     found = _by_shape(shapes, height, width, ultralytics)
     if forced is None:
         if found is None:
             raise PackageError(
                 f"no decoder recognises these outputs {_show(shapes)} for a {width}x{height} input; give --decoder "
                 f"({', '.join(DECODERS)}) and check the decoder's params in the manifest",
-                code="init_failed",
+                code=Code.INIT_FAILED,
             )
         return found
     if found is not None and found.decoder == forced:

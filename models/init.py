@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edged.errors import PackageError
+from edged.errors import Code, PackageError
 
 from .detect import PREPROCESS, PREPROCESS_WHY, Detected, detect
 from .package import Package, publish_package, read_labels, sha256_file
@@ -61,7 +61,9 @@ def parse_size(text: str) -> tuple[int, int]:
     """``640`` or ``640x480`` (width x height) -> (width, height)."""
     m = re.fullmatch(r"(\d+)(?:[xX,](\d+))?", text.strip())
     if not m or int(m.group(1)) <= 0 or (m.group(2) is not None and int(m.group(2)) <= 0):
-        raise PackageError(f"--input-size {text!r}: want W or WxH in pixels (e.g. 640 or 640x384)", code="init_failed")
+        raise PackageError(
+            f"--input-size {text!r}: want W or WxH in pixels (e.g. 640 or 640x384)", code=Code.INIT_FAILED
+        )
     w = int(m.group(1))
     return w, int(m.group(2)) if m.group(2) else w
 
@@ -92,7 +94,7 @@ def init_package(opts: InitOptions) -> InitResult:
     try:
         model = onnx.load(str(opts.model))
     except Exception as exc:  # protobuf's DecodeError, OSError: translated at the boundary
-        raise PackageError(f"{opts.model}: not an ONNX model ONNX can read: {exc}", code="init_failed") from exc
+        raise PackageError(f"{opts.model}: not an ONNX model ONNX can read: {exc}", code=Code.INIT_FAILED) from exc
     props = {p.key: p.value for p in model.metadata_props}
     meta = read_metadata(props)
     ultralytics = "names" in meta and ("imgsz" in meta or "stride" in meta or "task" in meta)
@@ -105,12 +107,12 @@ def init_package(opts: InitOptions) -> InitResult:
     if len(inputs) != 1:
         raise PackageError(
             f"{opts.model}: {len(inputs)} inputs ({[v.name for v in inputs]}); edged feeds one image tensor",
-            code="init_failed",
+            code=Code.INIT_FAILED,
         )
     inp = inputs[0]
     dims = [d.dim_value if d.HasField("dim_value") else None for d in inp.type.tensor_type.shape.dim]
     if len(dims) != 4:
-        raise PackageError(f"{opts.model}: input {inp.name!r} has {len(dims)} dimensions, not 4", code="init_failed")
+        raise PackageError(f"{opts.model}: input {inp.name!r} has {len(dims)} dimensions, not 4", code=Code.INIT_FAILED)
     layout = "NHWC" if dims[3] == 3 and dims[1] != 3 else "NCHW"
     hi, wi = (1, 2) if layout == "NHWC" else (2, 3)
     decisions.append(f"input {inp.name!r} {_show(inp)}: {layout} (channels at axis {3 if layout == 'NHWC' else 1})")
@@ -141,7 +143,7 @@ def init_package(opts: InitOptions) -> InitResult:
     name = opts.name or _name(opts.model.stem)
     out = opts.out or Path(name)
     if out.exists() and any(out.iterdir()):
-        raise PackageError(f"{out}: exists and is not empty; give --out or remove it", code="init_failed")
+        raise PackageError(f"{out}: exists and is not empty; give --out or remove it", code=Code.INIT_FAILED)
     staging = out.with_name(out.name + ".init")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -210,7 +212,7 @@ def _fixed_size(
 ) -> tuple[int, tuple[int, int]]:
     if opts.batch is not None:
         if opts.batch < 1:
-            raise PackageError(f"--batch {opts.batch}: must be >= 1", code="init_failed")
+            raise PackageError(f"--batch {opts.batch}: must be >= 1", code=Code.INIT_FAILED)
         batch, why = opts.batch, "--batch"
     elif dims[0]:
         batch, why = dims[0], "as exported"
@@ -224,7 +226,7 @@ def _fixed_size(
         size, why = opts.input_size, "--input-size"
         if h and w and (w, h) != size:
             raise PackageError(
-                f"--input-size {size[0]}x{size[1]}: the graph's input is fixed at {w}x{h}", code="init_failed"
+                f"--input-size {size[0]}x{size[1]}: the graph's input is fixed at {w}x{h}", code=Code.INIT_FAILED
             )
     elif h and w:
         size, why = (w, h), "as exported"
@@ -235,7 +237,7 @@ def _fixed_size(
     else:
         raise PackageError(
             "the input's height/width are dynamic and the model carries no imgsz: give --input-size WxH",
-            code="init_failed",
+            code=Code.INIT_FAILED,
         )
     decisions.append(f"input size {size[0]}x{size[1]} (width x height): {why}")
     return batch, size
@@ -262,7 +264,9 @@ def _fix_input(
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
-        raise PackageError(f"the graph with its input fixed at {shape} is invalid: {exc}", code="init_failed") from exc
+        raise PackageError(
+            f"the graph with its input fixed at {shape} is invalid: {exc}", code=Code.INIT_FAILED
+        ) from exc
     decisions.append(f"dynamic input dimensions fixed at {shape} (onnxruntime make_input_shape_fixed)")
     return model
 
@@ -277,7 +281,9 @@ def _run_once(model: Any, name: str, x: Any) -> dict[str, tuple[int, ...]]:
         sess = ort.InferenceSession(model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"])
         outs = sess.run(None, {name: x})
     except Exception as exc:  # ORT's own Fail/InvalidGraph/... types
-        raise PackageError(f"ONNX Runtime cannot run the model at {list(x.shape)}: {exc}", code="init_failed") from exc
+        raise PackageError(
+            f"ONNX Runtime cannot run the model at {list(x.shape)}: {exc}", code=Code.INIT_FAILED
+        ) from exc
     return {o.name: tuple(int(d) for d in v.shape) for o, v in zip(sess.get_outputs(), outs, strict=True)}
 
 
@@ -292,7 +298,7 @@ def _labels(
         labels, why = [], ""
     if labels and found.classes is not None and len(labels) != found.classes:
         raise PackageError(
-            f"{len(labels)} labels ({why}), the output has {found.classes} classes", code="labels_mismatch"
+            f"{len(labels)} labels ({why}), the output has {found.classes} classes", code=Code.LABELS_MISMATCH
         )
     if labels:
         decisions.append(f"{len(labels)} labels from {why}: {', '.join(labels[:5])}{' ...' if len(labels) > 5 else ''}")

@@ -24,7 +24,7 @@ from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from edged.errors import PackageError
+from edged.errors import Code, PackageError
 
 from .signing import MAX_SIG_BYTES, SIG_FILE
 
@@ -187,13 +187,13 @@ def sha256_file(path: Path) -> str:
 
 def parse_manifest(data: bytes, where: str) -> Manifest:
     if len(data) > MAX_MANIFEST_BYTES:
-        raise PackageError(f"{where}: manifest is {len(data)} bytes, over {MAX_MANIFEST_BYTES}", code="too_large")
+        raise PackageError(f"{where}: manifest is {len(data)} bytes, over {MAX_MANIFEST_BYTES}", code=Code.TOO_LARGE)
     try:
         raw = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except RecursionError as exc:
-        raise PackageError(f"{where}: manifest is nested too deeply", code="manifest_invalid") from exc
+        raise PackageError(f"{where}: manifest is nested too deeply", code=Code.MANIFEST_INVALID) from exc
     except (UnicodeDecodeError, ValueError) as exc:
-        raise PackageError(f"{where}: manifest is not valid JSON: {exc}", code="manifest_invalid") from exc
+        raise PackageError(f"{where}: manifest is not valid JSON: {exc}", code=Code.MANIFEST_INVALID) from exc
     try:
         return Manifest.model_validate(raw)
     except ValidationError as exc:
@@ -201,7 +201,7 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
             ".".join(str(p) for p in e["loc"]) + ": " + ("unknown key" if e["type"] == "extra_forbidden" else e["msg"])
             for e in exc.errors()
         )
-        raise PackageError(f"{where}: manifest invalid: {problems}", code="manifest_invalid") from exc
+        raise PackageError(f"{where}: manifest invalid: {problems}", code=Code.MANIFEST_INVALID) from exc
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -224,19 +224,19 @@ def open_package(path: str | os.PathLike[str], scratch: Path | None = None) -> P
     if path.is_dir():
         return verify_folder(path)
     if not path.exists():
-        raise PackageError(f"{path}: no such model package", code="not_found")
+        raise PackageError(f"{path}: no such model package", code=Code.NOT_FOUND)
     if not tarfile.is_tarfile(path):
-        raise PackageError(f"{path}: neither a package folder nor a tar file", code="not_a_package")
+        raise PackageError(f"{path}: neither a package folder nor a tar file", code=Code.NOT_A_PACKAGE)
     dest = Path(tempfile.mkdtemp(prefix="pkg-", dir=scratch))
     try:
         with tarfile.open(path) as tar:
             members = tar_members(tar, str(path))
             head = members.get(MANIFEST)
             if head is None:
-                raise PackageError(f"{path}: no {MANIFEST} in this tar", code="not_a_package")
+                raise PackageError(f"{path}: no {MANIFEST} in this tar", code=Code.NOT_A_PACKAGE)
             if head.size > MAX_MANIFEST_BYTES:
                 raise PackageError(
-                    f"{path}: {MANIFEST} is {head.size} bytes, over {MAX_MANIFEST_BYTES}", code="too_large"
+                    f"{path}: {MANIFEST} is {head.size} bytes, over {MAX_MANIFEST_BYTES}", code=Code.TOO_LARGE
                 )
             manifest = parse_manifest(_read_member(tar, head, str(path)), f"{path}:{MANIFEST}")
             check_members(members, manifest, str(path))
@@ -246,7 +246,7 @@ def open_package(path: str | os.PathLike[str], scratch: Path | None = None) -> P
         return verify_folder(dest)
     except (tarfile.TarError, OSError) as exc:
         shutil.rmtree(dest, ignore_errors=True)
-        raise PackageError(f"{path}: cannot unpack: {exc}", code="not_a_package") from exc
+        raise PackageError(f"{path}: cannot unpack: {exc}", code=Code.NOT_A_PACKAGE) from exc
     except PackageError:
         shutil.rmtree(dest, ignore_errors=True)
         raise
@@ -261,9 +261,9 @@ def tar_members(tar: tarfile.TarFile, where: str) -> dict[str, tarfile.TarInfo]:
             continue  # the folder itself, in a tar of a package folder's contents
         name = member.name[2:] if member.name.startswith("./") else member.name
         if not member.isfile() or not name or "/" in name or name.startswith("."):
-            raise PackageError(f"{where}: unexpected entry {member.name!r}", code="not_a_package")
+            raise PackageError(f"{where}: unexpected entry {member.name!r}", code=Code.NOT_A_PACKAGE)
         if name in out:
-            raise PackageError(f"{where}: {name!r} is in the tar twice", code="not_a_package")
+            raise PackageError(f"{where}: {name!r} is in the tar twice", code=Code.NOT_A_PACKAGE)
         out[name] = member
     return out
 
@@ -276,7 +276,7 @@ def check_members(members: dict[str, tarfile.TarInfo], manifest: Manifest, where
         if name == SIG_FILE:
             if member.size > MAX_SIG_BYTES:
                 raise PackageError(
-                    f"{where}: {SIG_FILE} is {member.size} bytes, over {MAX_SIG_BYTES}", code="too_large"
+                    f"{where}: {SIG_FILE} is {member.size} bytes, over {MAX_SIG_BYTES}", code=Code.TOO_LARGE
                 )
             continue
         entry = manifest.files.get(name)
@@ -284,19 +284,19 @@ def check_members(members: dict[str, tarfile.TarInfo], manifest: Manifest, where
             raise PackageError(
                 f"{where}: {name!r} ({member.size} bytes) is not declared in the manifest; refused before "
                 "anything of it is written",
-                code="undeclared_file",
+                code=Code.UNDECLARED_FILE,
             )
         if member.size != entry.size:
             raise PackageError(
                 f"{where}: {name} is {member.size} bytes in the tar, the manifest says {entry.size}",
-                code="too_long" if member.size > entry.size else "size_mismatch",
+                code=Code.TOO_LONG if member.size > entry.size else Code.SIZE_MISMATCH,
             )
 
 
 def _open_member(tar: tarfile.TarFile, member: tarfile.TarInfo, where: str) -> IO[bytes]:
     f = tar.extractfile(member)
     if f is None:
-        raise PackageError(f"{where}: {member.name} cannot be read", code="not_a_package")
+        raise PackageError(f"{where}: {member.name} cannot be read", code=Code.NOT_A_PACKAGE)
     return f
 
 
@@ -311,13 +311,13 @@ def copy_capped(src: IO[bytes], dst: Path, size: int, where: str) -> None:
     with src, open(dst, "wb") as out:
         while chunk := src.read(_CHUNK):
             if written + len(chunk) > size:
-                raise PackageError(f"{where}: longer than the {size} bytes the manifest declares", code="too_long")
+                raise PackageError(f"{where}: longer than the {size} bytes the manifest declares", code=Code.TOO_LONG)
             written += len(chunk)
             out.write(chunk)
         out.flush()
         os.fsync(out.fileno())
     if written != size:
-        raise PackageError(f"{where}: {written} bytes, the manifest says {size}", code="size_mismatch")
+        raise PackageError(f"{where}: {written} bytes, the manifest says {size}", code=Code.SIZE_MISMATCH)
 
 
 def verify_folder(root: Path) -> Package:
@@ -325,20 +325,22 @@ def verify_folder(root: Path) -> Package:
     try:
         data = mpath.read_bytes()
     except OSError as exc:
-        raise PackageError(f"{root}: no readable {MANIFEST}: {exc.strerror}", code="not_a_package") from exc
+        raise PackageError(f"{root}: no readable {MANIFEST}: {exc.strerror}", code=Code.NOT_A_PACKAGE) from exc
     manifest = parse_manifest(data, str(mpath))
     for name, entry in manifest.files.items():
         f = root / name
         try:
             size = f.stat().st_size
         except OSError as exc:
-            raise PackageError(f"{f}: listed in the manifest but missing", code="file_missing") from exc
+            raise PackageError(f"{f}: listed in the manifest but missing", code=Code.FILE_MISSING) from exc
         if size != entry.size:
             raise PackageError(
-                f"{f}: {size} bytes, the manifest says {entry.size} (truncated or replaced?)", code="size_mismatch"
+                f"{f}: {size} bytes, the manifest says {entry.size} (truncated or replaced?)", code=Code.SIZE_MISMATCH
             )
         if sha256_file(f) != entry.sha256:
-            raise PackageError(f"{f}: sha256 does not match the manifest (corrupt or tampered)", code="hash_mismatch")
+            raise PackageError(
+                f"{f}: sha256 does not match the manifest (corrupt or tampered)", code=Code.HASH_MISMATCH
+            )
     return Package(root=root, manifest=_with_labels_file(root, manifest), manifest_bytes=data)
 
 
@@ -347,7 +349,7 @@ def read_labels(path: Path) -> list[str]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise PackageError(f"{path}: cannot read the labels: {exc}", code="labels_invalid") from exc
+        raise PackageError(f"{path}: cannot read the labels: {exc}", code=Code.LABELS_INVALID) from exc
     lines = [line.strip() for line in text.splitlines()]
     while lines and not lines[-1]:
         lines.pop()
@@ -372,7 +374,7 @@ def _with_labels_file(root: Path, manifest: Manifest) -> Manifest:
             f"{path}: {len(from_file)} labels, the manifest lists {len(manifest.labels)}; they differ at line "
             f"{first + 1} ({from_file[first] if first < len(from_file) else '<none>'!r} vs "
             f"{manifest.labels[first] if first < len(manifest.labels) else '<none>'!r})",
-            code="labels_mismatch",
+            code=Code.LABELS_MISMATCH,
         )
     return manifest
 

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from edged.errors import PackageError
+from edged.errors import Code, PackageError
 
 
 def rebatch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
@@ -31,7 +31,7 @@ def rebatch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
     for t in [*g.input, *g.output]:
         dims = t.type.tensor_type.shape.dim
         if not dims:
-            raise PackageError(f"tensor {t.name!r} has no shape; cannot set its batch", code="rebatch_failed")
+            raise PackageError(f"tensor {t.name!r} has no shape; cannot set its batch", code=Code.REBATCH_FAILED)
         dims[0].ClearField("dim_param")
         dims[0].dim_value = batch
     used = {name for n in g.node for name in n.input}
@@ -43,7 +43,7 @@ def rebatch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
         m = onnx.shape_inference.infer_shapes(m, strict_mode=True)
         onnx.checker.check_model(m)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        raise PackageError(f"the graph does not take batch {batch}: {exc}", code="rebatch_failed") from exc
+        raise PackageError(f"the graph does not take batch {batch}: {exc}", code=Code.REBATCH_FAILED) from exc
     return m
 
 

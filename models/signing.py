@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from edged.errors import PackageError
+from edged.errors import Code, PackageError
 
 SIG_SCHEMA = "edged.sig/1"
 SIG_FILE = "manifest.sig"
@@ -60,7 +60,7 @@ def generate_key(directory: Path, name: str | None = None) -> tuple[Path, Path]:
     key_path, pub_path = directory / f"{kid}.key", directory / f"{kid}.pub"
     for p in (key_path, pub_path):
         if p.exists():
-            raise PackageError(f"{p}: exists; refusing to overwrite a key", code="key_exists")
+            raise PackageError(f"{p}: exists; refusing to overwrite a key", code=Code.KEY_EXISTS)
     pem = private.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
@@ -79,9 +79,9 @@ def load_signing_key(path: Path) -> SigningKey:
         pem = path.read_bytes()
         key = serialization.load_pem_private_key(pem, password=None)
     except (OSError, ValueError, TypeError) as exc:
-        raise PackageError(f"{path}: not a readable Ed25519 private key: {exc}", code="key_invalid") from exc
+        raise PackageError(f"{path}: not a readable Ed25519 private key: {exc}", code=Code.KEY_INVALID) from exc
     if not isinstance(key, Ed25519PrivateKey):
-        raise PackageError(f"{path}: not an Ed25519 key", code="key_invalid")
+        raise PackageError(f"{path}: not an Ed25519 key", code=Code.KEY_INVALID)
     raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return SigningKey(key_id(raw), pem)
 
@@ -100,9 +100,9 @@ class TrustStore:
                 try:
                     raw = base64.b64decode(p.read_text().strip(), validate=True)
                 except (OSError, ValueError) as exc:
-                    raise PackageError(f"{p}: not a base64 public key: {exc}", code="key_invalid") from exc
+                    raise PackageError(f"{p}: not a base64 public key: {exc}", code=Code.KEY_INVALID) from exc
                 if len(raw) != 32:
-                    raise PackageError(f"{p}: {len(raw)} bytes, an Ed25519 public key has 32", code="key_invalid")
+                    raise PackageError(f"{p}: {len(raw)} bytes, an Ed25519 public key has 32", code=Code.KEY_INVALID)
                 keys[key_id(raw)] = raw
         return cls(keys)
 
@@ -113,30 +113,34 @@ class TrustStore:
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
         if len(sig_bytes) > MAX_SIG_BYTES:
-            raise PackageError(f"{where}: {SIG_FILE} is {len(sig_bytes)} bytes, over {MAX_SIG_BYTES}", code="too_large")
+            raise PackageError(
+                f"{where}: {SIG_FILE} is {len(sig_bytes)} bytes, over {MAX_SIG_BYTES}", code=Code.TOO_LARGE
+            )
         try:
             doc = json.loads(sig_bytes)
             kid, alg, sig = doc["key_id"], doc["alg"], base64.b64decode(doc["sig"], validate=True)
             if doc.get("schema") != SIG_SCHEMA or not isinstance(kid, str):
                 raise ValueError(f"schema is not {SIG_SCHEMA}")
         except RecursionError as exc:  # json.loads recurses once per level: a deeply nested document
-            raise PackageError(f"{where}: {SIG_FILE} is malformed: nested too deeply", code="bad_signature") from exc
+            raise PackageError(f"{where}: {SIG_FILE} is malformed: nested too deeply", code=Code.BAD_SIGNATURE) from exc
         except (ValueError, KeyError, TypeError) as exc:
-            raise PackageError(f"{where}: {SIG_FILE} is malformed: {exc}", code="bad_signature") from exc
+            raise PackageError(f"{where}: {SIG_FILE} is malformed: {exc}", code=Code.BAD_SIGNATURE) from exc
         if alg != "ed25519":
-            raise PackageError(f"{where}: signature algorithm {alg!r}, only ed25519 is accepted", code="bad_signature")
+            raise PackageError(
+                f"{where}: signature algorithm {alg!r}, only ed25519 is accepted", code=Code.BAD_SIGNATURE
+            )
         raw = self.keys.get(kid)
         if raw is None:
             raise PackageError(
                 f"{where}: signed by key {kid}, which this device does not trust "
                 f"(trusted: {', '.join(sorted(self.keys)) or 'none'})",
-                code="unknown_key",
+                code=Code.UNKNOWN_KEY,
             )
         try:
             Ed25519PublicKey.from_public_bytes(raw).verify(sig, manifest_bytes)
         except InvalidSignature as exc:
             raise PackageError(
                 f"{where}: the signature by key {kid} does not match manifest.json (altered after signing?)",
-                code="bad_signature",
+                code=Code.BAD_SIGNATURE,
             ) from exc
         return kid

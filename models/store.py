@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from edged.errors import PackageError, StateDirError
+from edged.errors import Code, PackageError, StateDirError
 
 from .compat import DeviceFacts, detect, mismatches
 from .package import (
@@ -179,7 +179,7 @@ class Store:
     def current(self, name: str) -> Package:
         link = self._dir(name) / "current"
         if self.pointer(name, "current") is None:
-            raise PackageError(f"model {name!r}: nothing installed in {self.root}", code="not_found")
+            raise PackageError(f"model {name!r}: nothing installed in {self.root}", code=Code.NOT_FOUND)
         return verify_folder(link)
 
     def previous(self, name: str) -> Package:
@@ -187,7 +187,7 @@ class Store:
         the `previous` link); PackageError(no_previous) when there is none to go back to."""
         cur, prev = self.pointer(name, "current"), self.pointer(name, "previous")
         if cur is None or prev is None or prev == cur or prev in self.state(name).bad:
-            raise PackageError(f"model {name!r}: no previous version to roll back to", code="no_previous")
+            raise PackageError(f"model {name!r}: no previous version to roll back to", code=Code.NO_PREVIOUS)
         return verify_folder(self._dir(name) / "versions" / str(prev))
 
     # ---- start-up recovery -----------------------------------------------------------------
@@ -295,7 +295,7 @@ class Store:
         """Every check that needs only manifest.json and manifest.sig, in DESIGN §5's order."""
         if len(manifest_bytes) > MAX_MANIFEST_BYTES:
             raise PackageError(
-                f"{where}: manifest is {len(manifest_bytes)} bytes, over {MAX_MANIFEST_BYTES}", code="too_large"
+                f"{where}: manifest is {len(manifest_bytes)} bytes, over {MAX_MANIFEST_BYTES}", code=Code.TOO_LARGE
             )
         kid = trust.verify(manifest_bytes, sig_bytes, where)
         m = parse_manifest(manifest_bytes, where)
@@ -304,21 +304,23 @@ class Store:
             try:
                 expires = dt.datetime.fromisoformat(m.expires.replace("Z", "+00:00"))
             except ValueError as exc:
-                raise PackageError(f"{where}: expires {m.expires!r} is not ISO 8601", code="manifest_invalid") from exc
+                raise PackageError(
+                    f"{where}: expires {m.expires!r} is not ISO 8601", code=Code.MANIFEST_INVALID
+                ) from exc
             if expires.tzinfo is None:
                 expires = expires.replace(tzinfo=dt.timezone.utc)
             if expires <= now:
-                raise PackageError(f"{where}: {m.name}@{m.version} expired at {m.expires}", code="expired")
+                raise PackageError(f"{where}: {m.name}@{m.version} expired at {m.expires}", code=Code.EXPIRED)
         state = self.state(m.name)
         if m.version in state.bad:
             raise PackageError(
-                f"{where}: {m.name}@{m.version} was rolled back here and is never retried", code="bad_version"
+                f"{where}: {m.name}@{m.version} was rolled back here and is never retried", code=Code.BAD_VERSION
             )
         if m.version < state.highest_accepted:
             raise PackageError(
                 f"{where}: {m.name}@{m.version} is older than the highest accepted version "
                 f"{state.highest_accepted} (replayed?)",
-                code="older_version",
+                code=Code.OLDER_VERSION,
             )
         same = m.version == state.highest_accepted and self.pointer(m.name, "current") == m.version
         if m.kind == "engine" and not m.compatibility:  # an engine runs only where it was built: it must say where
@@ -326,21 +328,21 @@ class Store:
                 f"{where}: {m.name}@{m.version} is a TensorRT engine whose manifest declares no compatibility "
                 "(TensorRT version, GPU compute capability, L4T release, platform); it cannot be checked "
                 "against this device. Rebuild it with `edged build-engine`, which records them",
-                code="compatibility_missing",
+                code=Code.COMPATIBILITY_MISSING,
             )
         if m.kind == "engine" and facts is not None:  # ONNX packages run anywhere ONNX Runtime does
             problems = mismatches(m.compatibility, facts)
             if problems:
                 raise PackageError(
-                    f"{where}: {m.name}@{m.version} cannot run here: {'; '.join(problems)}", code="incompatible"
+                    f"{where}: {m.name}@{m.version} cannot run here: {'; '.join(problems)}", code=Code.INCOMPATIBLE
                 )
         if any(e.size > MAX_FILE_BYTES for e in m.files.values()):
-            raise PackageError(f"{where}: a file is declared over {MAX_FILE_BYTES} bytes", code="too_large")
+            raise PackageError(f"{where}: a file is declared over {MAX_FILE_BYTES} bytes", code=Code.TOO_LARGE)
         need = sum(e.size for e in m.files.values())
         self.state_dir.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(self.state_dir).free
         if not same and need * 1.1 > free:
-            raise PackageError(f"{where}: needs {need >> 20} MiB, {free >> 20} MiB free", code="no_space")
+            raise PackageError(f"{where}: needs {need >> 20} MiB, {free >> 20} MiB free", code=Code.NO_SPACE)
         return Offer(m, manifest_bytes, sig_bytes, kid, same)
 
     # ---- install ---------------------------------------------------------------------------
@@ -457,7 +459,7 @@ class Store:
         cur, prev = self.pointer(name, "current"), self.pointer(name, "previous")
         state = self.state(name)
         if cur is None or prev is None or prev == cur or prev in state.bad:
-            raise PackageError(f"model {name!r}: no previous version to roll back to", code="no_previous")
+            raise PackageError(f"model {name!r}: no previous version to roll back to", code=Code.NO_PREVIOUS)
         if cur not in state.bad:
             state.bad.append(cur)
         state.pending, state.probation_crashes, state.probation_since = None, 0, None
@@ -487,15 +489,17 @@ def read_head(source: Path) -> tuple[bytes, bytes]:
         for fname, cap in ((MANIFEST, MAX_MANIFEST_BYTES), (SIG_FILE, 4096)):
             p = source / fname
             if not p.is_file():
-                raise PackageError(f"{source}: no {fname}", code="unsigned" if fname == SIG_FILE else "not_a_package")
+                raise PackageError(
+                    f"{source}: no {fname}", code=Code.UNSIGNED if fname == SIG_FILE else Code.NOT_A_PACKAGE
+                )
             if p.stat().st_size > cap:
-                raise PackageError(f"{p}: over {cap} bytes", code="too_large")
+                raise PackageError(f"{p}: over {cap} bytes", code=Code.TOO_LARGE)
             parts.append(p.read_bytes())
         return parts[0], parts[1]
     if not source.exists():
-        raise PackageError(f"{source}: no such file or folder", code="not_found")
+        raise PackageError(f"{source}: no such file or folder", code=Code.NOT_FOUND)
     if not source.is_file() or not tarfile.is_tarfile(source):
-        raise PackageError(f"{source}: neither a package folder nor a tar file", code="not_a_package")
+        raise PackageError(f"{source}: neither a package folder nor a tar file", code=Code.NOT_A_PACKAGE)
     with tarfile.open(source) as tar:
         out: dict[str, bytes] = {}
         for fname, cap in ((MANIFEST, MAX_MANIFEST_BYTES), (SIG_FILE, 4096)):
@@ -503,10 +507,10 @@ def read_head(source: Path) -> tuple[bytes, bytes]:
                 member = tar.getmember(fname)
             except KeyError:
                 raise PackageError(
-                    f"{source}: no {fname}", code="unsigned" if fname == SIG_FILE else "not_a_package"
+                    f"{source}: no {fname}", code=Code.UNSIGNED if fname == SIG_FILE else Code.NOT_A_PACKAGE
                 ) from None
             if not member.isfile() or member.size > cap:
-                raise PackageError(f"{source}: {fname} is not a file under {cap} bytes", code="too_large")
+                raise PackageError(f"{source}: {fname} is not a file under {cap} bytes", code=Code.TOO_LARGE)
             f = tar.extractfile(member)
             out[fname] = f.read() if f else b""
     return out[MANIFEST], out[SIG_FILE]
@@ -518,7 +522,7 @@ def _copy_files(source: Path, stage: Path, m: Manifest) -> None:
         for name, entry in m.files.items():
             src = source / name
             if not src.is_file():
-                raise PackageError(f"{src}: listed in the manifest but missing", code="file_missing")
+                raise PackageError(f"{src}: listed in the manifest but missing", code=Code.FILE_MISSING)
             _copy_capped(src.open("rb"), stage / name, entry.size, str(src))
         return
     with tarfile.open(source) as tar:
@@ -528,11 +532,11 @@ def _copy_files(source: Path, stage: Path, m: Manifest) -> None:
             mem = members.get(name)
             if mem is None or not mem.isfile():
                 raise PackageError(
-                    f"{source}: {name} is listed in the manifest but not in the tar", code="file_missing"
+                    f"{source}: {name} is listed in the manifest but not in the tar", code=Code.FILE_MISSING
                 )
             f = tar.extractfile(mem)
             if f is None:
-                raise PackageError(f"{source}: {name} cannot be read", code="file_missing")
+                raise PackageError(f"{source}: {name} cannot be read", code=Code.FILE_MISSING)
             _copy_capped(f, stage / name, entry.size, f"{source}:{name}")
 
 
@@ -542,9 +546,9 @@ def _copy_capped(src: Any, dst: Path, size: int, where: str) -> None:
         while chunk := src.read(1 << 20):
             written += len(chunk)
             if written > size:
-                raise PackageError(f"{where}: longer than the {size} bytes the manifest declares", code="too_long")
+                raise PackageError(f"{where}: longer than the {size} bytes the manifest declares", code=Code.TOO_LONG)
             out.write(chunk)
         out.flush()
         os.fsync(out.fileno())
     if written != size:
-        raise PackageError(f"{where}: {written} bytes, the manifest says {size}", code="size_mismatch")
+        raise PackageError(f"{where}: {written} bytes, the manifest says {size}", code=Code.SIZE_MISMATCH)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from edged.errors import PackageError
+from edged.errors import Code, PackageError
 
 from .package import InputSpec, Package
 
@@ -50,7 +50,7 @@ class Signature:
             if not t.fixed:
                 raise PackageError(
                     f"output {t.name!r} has shape {_show(t.shape)} with dynamic dimensions once the input is fixed",
-                    code="signature_mismatch",
+                    code=Code.SIGNATURE_MISMATCH,
                 )
             out[t.name] = tuple(int(d) for d in t.shape)
         return out
@@ -64,7 +64,7 @@ def onnx_signature(path: Path) -> Signature:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf's DecodeError, OSError, ValueError: translated at the boundary
-        raise PackageError(f"{path}: not an ONNX model ONNX can read: {exc}", code="signature_mismatch") from exc
+        raise PackageError(f"{path}: not an ONNX model ONNX can read: {exc}", code=Code.SIGNATURE_MISMATCH) from exc
     inits = {i.name for i in model.graph.initializer}
 
     def tensor(v: onnx.ValueInfoProto) -> Tensor:
@@ -88,19 +88,19 @@ def check_input(spec: InputSpec, inputs: Sequence[Tensor], where: str) -> None:
     if spec.name not in by_name:
         raise PackageError(
             f"{where}: the manifest's input {spec.name!r} is not a model input (the model has {sorted(by_name)})",
-            code="signature_mismatch",
+            code=Code.SIGNATURE_MISMATCH,
         )
     if len(inputs) != 1:
         raise PackageError(
             f"{where}: the model has {len(inputs)} inputs ({sorted(by_name)}); edged feeds one image tensor",
-            code="signature_mismatch",
+            code=Code.SIGNATURE_MISMATCH,
         )
     t = by_name[spec.name]
     if not t.fixed:
         raise PackageError(
             f"{where}: input {t.name!r} has dynamic dimensions {_show(t.shape)}; the manifest says {spec.shape}. "
             "Fix them with `edged model init MODEL.onnx --batch B --input-size WxH`",
-            code="signature_mismatch",
+            code=Code.SIGNATURE_MISMATCH,
         )
     if list(t.shape) != list(spec.shape):
         hint = ""
@@ -112,12 +112,12 @@ def check_input(spec: InputSpec, inputs: Sequence[Tensor], where: str) -> None:
             hint = f" (batch {t.shape[0]} in the model, {spec.batch} in the manifest: the fixed batch must match)"
         raise PackageError(
             f"{where}: input {t.name!r} is {_show(t.shape)} in the model, the manifest says {spec.shape}{hint}",
-            code="signature_mismatch",
+            code=Code.SIGNATURE_MISMATCH,
         )
     if t.dtype != spec.dtype and t.dtype != "unknown":
         raise PackageError(
             f"{where}: input {t.name!r} is {t.dtype} in the model, the manifest says {spec.dtype}",
-            code="signature_mismatch",
+            code=Code.SIGNATURE_MISMATCH,
         )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from edged.errors import QuantizeError
+from edged.errors import Code, QuantizeError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 GROUNDTRUTH_SCHEMA = "edged.groundtruth/1"
@@ -41,11 +41,11 @@ def read_frames(source: Path, limit: int | None = None, progress: Callable[[str]
     elif source.is_file():
         frames = _video(source, limit)
     else:
-        raise QuantizeError(f"{source}: no such folder or video", code="frames_invalid")
+        raise QuantizeError(f"{source}: no such folder or video", code=Code.FRAMES_INVALID)
     if not frames:
         raise QuantizeError(
             f"{source}: no readable frames (images: {', '.join(IMAGE_SUFFIXES)}; or a video file)",
-            code="frames_invalid",
+            code=Code.FRAMES_INVALID,
         )
     if progress:
         with_truth = sum(f.truth is not None for f in frames)
@@ -66,7 +66,7 @@ def _folder(root: Path, limit: int | None) -> list[Frame]:
     for i in _pick(len(files), limit):
         img = cv2.imread(str(files[i]), cv2.IMREAD_COLOR)
         if img is None:
-            raise QuantizeError(f"{files[i]}: not a readable image", code="frames_invalid")
+            raise QuantizeError(f"{files[i]}: not a readable image", code=Code.FRAMES_INVALID)
         out.append(Frame(files[i].name, img, truth.get(files[i].name) if truth else None))
     return out
 
@@ -74,7 +74,7 @@ def _folder(root: Path, limit: int | None) -> list[Frame]:
 def _video(path: Path, limit: int | None) -> list[Frame]:
     cap = cv2.VideoCapture(str(path))
     if not cap.isOpened():
-        raise QuantizeError(f"{path}: OpenCV cannot open it as a video", code="frames_invalid")
+        raise QuantizeError(f"{path}: OpenCV cannot open it as a video", code=Code.FRAMES_INVALID)
     truth = _truth(path.with_suffix(".json"), key="frame")
     try:
         images = []
@@ -94,7 +94,7 @@ def _truth(path: Path, key: str) -> dict[str, list[tuple[str, Box]]] | None:
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise QuantizeError(f"{path}: unreadable ground truth: {exc}", code="frames_invalid") from exc
+        raise QuantizeError(f"{path}: unreadable ground truth: {exc}", code=Code.FRAMES_INVALID) from exc
     if not isinstance(doc, dict) or doc.get("schema") != GROUNDTRUTH_SCHEMA:
         return None  # some other JSON next to the video; not ours
     out: dict[str, list[tuple[str, Box]]] = {}
@@ -103,7 +103,7 @@ def _truth(path: Path, key: str) -> dict[str, list[tuple[str, Box]]] | None:
             out[str(f[key])] = _regions(f)
     except (KeyError, TypeError, ValueError) as exc:
         raise QuantizeError(
-            f"{path}: ground truth frame without a valid {key!r}/regions: {exc}", code="frames_invalid"
+            f"{path}: ground truth frame without a valid {key!r}/regions: {exc}", code=Code.FRAMES_INVALID
         ) from exc
     return out
 

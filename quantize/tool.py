@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from edged.daemon.decoders import DecodeOptions
-from edged.errors import PackageError, QuantizeError
+from edged.errors import Code, PackageError, QuantizeError
 from edged.models.package import MANIFEST, Manifest, Package, open_package, parse_manifest, publish_package, sha256_file
 
 from .frames import Frame, read_frames
@@ -67,7 +67,7 @@ def _load_source(model: Path, spec: Path | None, scratch: Path) -> Source:
         labels = pkg.root / pkg.manifest.labels_file if pkg.manifest.labels_file else None
         return Source(pkg.model_path, pkg.manifest, labels)
     if not model.is_file():
-        raise QuantizeError(f"{model}: no such ONNX file", code="not_found")
+        raise QuantizeError(f"{model}: no such ONNX file", code=Code.NOT_FOUND)
     spec = spec or model.parent / MANIFEST
     if not spec.is_file():
         raise QuantizeError(

@@ -211,3 +211,22 @@ def test_topic_builders_match_the_documented_layout() -> None:
     assert topics.split("edged", topics.ota_request(root)) == ("orin-07", "ota/req")
     assert topics.response_topic_allowed(topics.push_reply("edged", "abc"), root)
     assert not topics.response_topic_allowed(topics.status("edged/orin-08"), root)
+
+
+def test_every_code_the_product_writes_as_a_string_is_a_member() -> None:
+    """A code written as a plain string (`code="..."`) is converted by `Code(...)` when the error is made:
+    one that is not a member would raise ValueError at that moment, in place of the error it meant."""
+    import re
+
+    from edged.errors import Code
+    from tests.conftest import REPO
+
+    members = {c.value for c in Code}
+    unknown = []
+    for folder in ("daemon", "models", "quantize", "deploy", "cli", "protocol", "edged"):
+        for py in sorted((REPO / folder).rglob("*.py")):
+            for m in re.finditer(r'code\s*=\s*"([a-z_]+)"|else "([a-z_]+)"', py.read_text()):
+                value = m.group(1) or m.group(2)
+                if value not in members and m.group(1):
+                    unknown.append(f"{py.relative_to(REPO)}: {value}")
+    assert not unknown, unknown
