@@ -57,7 +57,7 @@ CREATE TABLE IF NOT EXISTS messages (
 """,
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value REAL NOT NULL)",
 )
-CLOCK_SAVE_INTERVAL_S = 60.0  # the spool clock is saved with every insert, and at least this often
+CLOCK_SAVE_INTERVAL_S = 60.0  # the spool clock is saved this often (and at close); the newest row carries it too
 COLUMNS = "id, topic, payload, qos, created, size, clock_s"
 
 
@@ -89,6 +89,17 @@ def _corrupt(exc: sqlite3.Error) -> bool:
 
 def _full(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", None) == 13 or "disk is full" in str(exc)  # 13: SQLITE_FULL
+
+
+def _runs(ids: list[int]) -> list[tuple[int, int]]:
+    """Row ids as runs of consecutive ids (first, last): PUBACKs come in order, so a few ranges."""
+    runs: list[tuple[int, int]] = []
+    for i in sorted(set(ids)):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
 
 
 def _set_sequence(db: sqlite3.Connection, last_id: int) -> None:
@@ -185,6 +196,8 @@ class Spool:
                 # a spool of an older edged: its rows' age counts from now (their `created` is a wall time)
                 db.execute("ALTER TABLE messages ADD COLUMN clock_s REAL NOT NULL DEFAULT 0")
             saved = db.execute("SELECT value FROM meta WHERE key = 'clock_s'").fetchone()
+            newest = db.execute("SELECT clock_s FROM messages WHERE id > 0 ORDER BY id DESC LIMIT 1").fetchone()
+            # the running counts: read once here, then kept in step by every insert and delete
             self.bytes, self.rows = db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM messages").fetchone()
             seq = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
             st = os.stat(self.path)
@@ -194,8 +207,11 @@ class Spool:
         self.db = db
         self._open = True
         self._ident = (st.st_dev, st.st_ino)
-        # the clock goes on from the file's saved value, or from ours when this is a new file
-        self._clock_base = max(float(saved[0]) if saved else 0.0, self.clock_s())
+        # The clock goes on from the file's saved value (saved at least every CLOCK_SAVE_INTERVAL_S), from
+        # its newest row (a crash between two saves), or from ours when this is a new file. So a row's
+        # clock_s never exceeds the clock, and rows are in clock order by id: the oldest come first.
+        newest_s = float(newest[0]) if newest else 0.0
+        self._clock_base = max(float(saved[0]) if saved else 0.0, newest_s, self.clock_s())
         self._clock_t0 = self._clock()
         if (seq[0] if seq else 0) < self._last_id:  # a new file: ids go on after the old file's
             _set_sequence(db, self._last_id)
@@ -429,7 +445,6 @@ class Spool:
         self._ensure_open()
         self._check_file()
         if self._pending:
-            now = self.clock_s()
 
             def insert() -> Any:
                 self.db.execute("PRAGMA synchronous=FULL")  # on disk when commit() returns
@@ -438,13 +453,11 @@ class Spool:
                     "INSERT INTO messages (topic, payload, qos, created, size, clock_s) VALUES (?, ?, ?, ?, ?, ?)",
                     self._pending,
                 )
-                self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('clock_s', ?)", (now,))
                 self.db.execute("COMMIT")
                 return self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
 
             seq = self._write("write new messages", insert)
             self._last_id = max(self._last_id, seq[0])
-            self._clock_saved = now
             self.rows += len(self._pending)
             self.bytes += self._pending_bytes
             self._pending.clear()
@@ -457,29 +470,17 @@ class Spool:
         self._hold_reserve()
 
     def _enforce(self) -> None:
-        dropped = 0
         now = self.clock_s()
         if now - self._clock_saved >= CLOCK_SAVE_INTERVAL_S:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('clock_s', ?)", (now,))
             self._clock_saved = now
-        if self.max_age_s and self.rows:
-            cur = self.db.execute("DELETE FROM messages WHERE clock_s < ?", (now - self.max_age_s,))
-            dropped += cur.rowcount
         limit = min(self.max_bytes, self.fs_budget)
-        if self.bytes > limit:
-            # drop the oldest rows until what is left fits
-            excess = self.bytes - limit
-            cut = self.db.execute(
-                "SELECT id FROM (SELECT id, SUM(size) OVER (ORDER BY id) AS running FROM messages) "
-                "WHERE running >= ? ORDER BY id LIMIT 1",
-                (excess,),
-            ).fetchone()
-            if cut is not None:
-                dropped += self.db.execute("DELETE FROM messages WHERE id <= ?", (cut[0],)).rowcount
+        if not self.rows or (self.bytes <= limit and not self.max_age_s):
+            return
+        dropped = self._drop_oldest(now - self.max_age_s if self.max_age_s else -1.0, self.bytes - limit)
         if dropped:
             self.dropped += dropped
-            self.bytes, self.rows = self.db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM messages").fetchone()
             t = self._clock()
             if t >= self._bounds_logged_at + 60.0:  # a full spool drops at every commit: say so once a minute
                 self._bounds_logged_at = t
@@ -490,6 +491,33 @@ class Spool:
                     dropped,
                     self.dropped,
                 )
+
+    def _drop_oldest(self, cutoff: float, excess: int) -> int:
+        """Drop the oldest rows: those older than `cutoff` on the spool clock, and then more until `excess`
+        bytes are freed. Rows are in clock order by id (see _connect), so both are a prefix of the table:
+        it is walked from its head in growing chunks and cut there. The cost is that of the rows dropped,
+        not of the rows kept."""
+        dropped = head = 0
+        chunk = 8
+        while True:
+            rows = self.db.execute(
+                "SELECT id, size, clock_s FROM messages WHERE id > ? ORDER BY id LIMIT ?", (head, chunk)
+            ).fetchall()
+            cut = freed = n = 0
+            for row_id, size, clock_s in rows:
+                if clock_s >= cutoff and freed >= excess:
+                    break
+                cut, freed, n = row_id, freed + size, n + 1
+            if not n:
+                return dropped
+            self.db.execute("DELETE FROM messages WHERE id > ? AND id <= ?", (head, cut))
+            self.rows -= n
+            self.bytes -= freed
+            excess -= freed
+            dropped += n
+            if n < len(rows) or len(rows) < chunk:
+                return dropped
+            head, chunk = cut, min(chunk * 4, 4096)
 
     def after(self, last_id: int, limit: int) -> list[Row]:
         """Committed rows with id > last_id, oldest first."""
@@ -515,9 +543,10 @@ class Spool:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("BEGIN")
             freed = rows = 0
-            for chunk in (ids[i : i + 500] for i in range(0, len(ids), 500)):
-                marks = ",".join("?" * len(chunk))
-                for (size,) in self.db.execute(f"DELETE FROM messages WHERE id IN ({marks}) RETURNING size", chunk):  # noqa: S608
+            for first, last in _runs(ids):
+                for (size,) in self.db.execute(
+                    "DELETE FROM messages WHERE id >= ? AND id <= ? RETURNING size", (first, last)
+                ):
                     freed += size
                     rows += 1
             self.db.execute("COMMIT")
