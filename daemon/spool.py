@@ -80,6 +80,8 @@ class Spool(SpoolFile):
         self.dropped_unsaved = 0  # messages never written: over max_unsaved_bytes while writes failed
         self._pending: deque[tuple[str, bytes, int, float, int, float]] = deque()
         self._pending_bytes = 0
+        self._acked: set[int] = set()  # acknowledged rows not yet deleted from the file (see delete)
+        self._failing = False  # the last write failed: deletes are not deferred
         self._clock_saved = 0.0
         self._bounds_logged_at = -1e9
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -112,24 +114,14 @@ class Spool(SpoolFile):
         storage fails: what was appended stays in memory for the next try."""
         self._ensure_open()
         self._check_file()
-        if self._pending:
-
-            def insert() -> Any:
-                self.db.execute("PRAGMA synchronous=FULL")  # on disk when commit() returns
-                self.db.execute("BEGIN")
-                self.db.executemany(
-                    "INSERT INTO messages (topic, payload, qos, created, size, clock_s) VALUES (?, ?, ?, ?, ?, ?)",
-                    self._pending,
-                )
-                self.db.execute("COMMIT")
-                return self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
-
-            seq = self._write("write new messages", insert)
-            self._last_id = max(self._last_id, seq[0])
-            self.rows += len(self._pending)
-            self.bytes += self._pending_bytes
-            self._pending.clear()
-            self._pending_bytes = 0
+        if self._pending and self._acked:
+            try:
+                self._save(inserts=True)
+            except SpoolError:
+                self._save(inserts=False)  # deliveries free space: they go through alone (with the reserve)
+                raise
+        elif self._pending or self._acked:
+            self._save(inserts=bool(self._pending))
         try:
             self._enforce()
         except sqlite3.Error as exc:
@@ -187,42 +179,78 @@ class Spool(SpoolFile):
                 return dropped
             head, chunk = cut, min(chunk * 4, 4096)
 
-    def after(self, last_id: int, limit: int) -> list[Row]:
-        """Committed rows with id > last_id, oldest first."""
-        self._ensure_open()
-        try:
-            return [
-                Row(*r)
-                for r in self.db.execute(
-                    "SELECT id, topic, payload, qos FROM messages WHERE id > ? ORDER BY id LIMIT ?", (last_id, limit)
-                )
-            ]
-        except sqlite3.Error as exc:
-            raise self._error("read messages", exc) from exc
+    def _save(self, inserts: bool) -> None:
+        """One transaction: the deletes of acknowledged rows, then (`inserts`) the appended ones. Together,
+        the table's tail page (where both happen while the broker keeps up) is written once, not twice.
+        With inserts it is on disk when this returns (synchronous=FULL). Deletes alone do not wait for the
+        disk (synchronous=NORMAL): a delete lost to a power cut only means a message sent once more."""
+        acked = sorted(self._acked)
 
-    def delete(self, ids: list[int]) -> None:
-        if not ids:
-            return
-        self._ensure_open()
-
-        # A delete lost to a power cut only means the message is sent once more (at-least-once), so
-        # deletes do not wait for the disk (WAL, synchronous=NORMAL: durable at the next checkpoint).
-        def remove() -> tuple[int, int]:
-            self.db.execute("PRAGMA synchronous=NORMAL")
+        def write() -> tuple[int, int, Any]:
+            self.db.execute(f"PRAGMA synchronous={'FULL' if inserts else 'NORMAL'}")
             self.db.execute("BEGIN")
             freed = rows = 0
-            for first, last in _runs(ids):
+            for first, last in _runs(acked):
                 for (size,) in self.db.execute(
                     "DELETE FROM messages WHERE id >= ? AND id <= ? RETURNING size", (first, last)
                 ):
                     freed += size
                     rows += 1
+            if inserts:
+                self.db.executemany(
+                    "INSERT INTO messages (topic, payload, qos, created, size, clock_s) VALUES (?, ?, ?, ?, ?, ?)",
+                    self._pending,
+                )
             self.db.execute("COMMIT")
-            return freed, rows
+            if not inserts:
+                return freed, rows, None
+            return freed, rows, self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
 
-        freed, rows = self._write("delete acknowledged messages", remove, may_use_reserve=True)
+        what = "write new messages" if inserts else "delete acknowledged messages"
+        try:
+            freed, rows, seq = self._write(what, write, may_use_reserve=not inserts)
+        except SpoolError:
+            self._failing = True
+            raise
+        self._failing = False
+        self._acked.difference_update(acked)
         self.bytes -= freed
         self.rows -= rows
+        if inserts:
+            self._last_id = max(self._last_id, seq[0])
+            self.rows += len(self._pending)
+            self.bytes += self._pending_bytes
+            self._pending.clear()
+            self._pending_bytes = 0
+
+    def recover_corrupt(self, reason: str) -> None:
+        """See SpoolFile.recover_corrupt: the rows acknowledged and not yet deleted are not lost."""
+        self.rows -= len(self._acked)
+        self._acked.clear()
+        super().recover_corrupt(reason)
+
+    def after(self, last_id: int, limit: int) -> list[Row]:
+        """Committed rows with id > last_id, oldest first; not those acknowledged and not yet deleted."""
+        self._ensure_open()
+        try:
+            rows = self.db.execute(
+                "SELECT id, topic, payload, qos FROM messages WHERE id > ? ORDER BY id LIMIT ?",
+                (last_id, limit + len(self._acked)),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise self._error("read messages", exc) from exc
+        return [Row(*r) for r in rows if r[0] not in self._acked][:limit]
+
+    def delete(self, ids: list[int]) -> None:
+        """Acknowledged rows: gone from after() at once, from the file with the next commit() (the publisher
+        commits at least every commit_interval_ms), in the same transaction as its inserts. While the
+        storage fails, at once: delivering what is spooled is what frees space."""
+        if not ids:
+            return
+        self._ensure_open()
+        self._acked.update(ids)
+        if self._failing:
+            self._save(inserts=False)
 
     def close(self) -> int:
         """Commit what is pending (re-creating a deleted file first) and close. Returns how many messages
@@ -240,7 +268,7 @@ class Spool(SpoolFile):
             except OSError:
                 on_disk = False
             if not on_disk:  # the rows were only in a deleted file, which goes with this close
-                lost += self.rows
+                lost += self.rows - len(self._acked)  # less those delivered
                 self.rows = self.bytes = 0
             if lost:
                 logger.error("spool: %d messages are lost at stop: %s", lost, exc)
