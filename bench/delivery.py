@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import shutil
 import socket
 import sqlite3
@@ -202,6 +204,16 @@ def backlog_cost(work: Path, n: int, commits: int = 200, sends: int = 100) -> di
     }
 
 
+def _fs_type(path: Path) -> str:
+    """The filesystem type the bench's spool files are on (from /proc/mounts), for the record."""
+    best = ("", "?")
+    for line in Path("/proc/mounts").read_text().splitlines():
+        mnt, fstype = line.split()[1:3]
+        if str(path).startswith(mnt) and len(mnt) > len(best[0]):
+            best = (mnt, fstype)
+    return best[1]
+
+
 def _thread_write_bytes(tid: int) -> int:
     io = Path(f"/proc/self/task/{tid}/io").read_text()
     return int(next(line.split()[1] for line in io.splitlines() if line.startswith("write_bytes:")))
@@ -268,6 +280,9 @@ def main() -> int:
         "backlog": args.backlog,
         "repeats": args.repeats,
         "payload_bytes": len(json.dumps(DOC, separators=(",", ":"))),
+        "machine": f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}; python "
+        f"{platform.python_version()}, SQLite {sqlite3.sqlite_version}; spool files under {work} "
+        f"({_fs_type(work)})",
     }
     try:
         window = MqttConfig().max_inflight
@@ -289,6 +304,7 @@ def main() -> int:
         b.terminate()
         b.wait(10)
         shutil.rmtree(work, ignore_errors=True)
+    print(res["machine"])
     print(f"payload {res['payload_bytes']} bytes, in-flight window {window}, median of {args.repeats}")
     print(f"direct paho, QoS 1            {res['direct_per_s']:9.0f} results/s")
     print(f"through the spool, QoS 1      {res['spool_per_s']:9.0f} results/s   ratio {res['ratio']:.3f}")
