@@ -8,8 +8,16 @@ age: the oldest rows are dropped first, and counted.
 
 Loss window: on power loss or a crash of the process, the results of at most the last
 `commit_interval_ms` that were not yet committed; nothing that was committed. Deletes are not synced
-to disk at once: after a power cut, some acknowledged messages may be sent again (duplicates, which
+to disk at once: an acknowledged message leaves the file with the next commit (at most
+`commit_interval_ms` later, in the same transaction as that commit's inserts, so that the table's
+tail page is written once per batch, not twice), and that commit is synced only if it has inserts.
+So after a power cut or a crash, some acknowledged messages may be sent again (duplicates, which
 consumers drop by boot_id + seq), never fewer.
+
+Flash wear: a commit writes the pages it changes to the WAL (4 kB each) and syncs it. The spool
+keeps that to about one page per batch: the deletes ride in the commit, row ids come from the spool
+rather than AUTOINCREMENT (whose sqlite_sequence page would be rewritten with every commit), and the
+clock is saved once a minute rather than with every commit (the newest row carries it across a crash).
 
 Age: `max_age_s` is judged on the spool's own clock, a monotonic clock carried across restarts in
 the file (`meta.clock_s`), never on the wall clock, which jumps on boards without an RTC when NTP
@@ -31,7 +39,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .spool_file import CLOCK_SAVE_INTERVAL_S, SpoolCorrupt, SpoolError, SpoolFile
 
@@ -186,7 +193,7 @@ class Spool(SpoolFile):
         disk (synchronous=NORMAL): a delete lost to a power cut only means a message sent once more."""
         acked = sorted(self._acked)
 
-        def write() -> tuple[int, int, Any]:
+        def write() -> tuple[int, int]:
             self.db.execute(f"PRAGMA synchronous={'FULL' if inserts else 'NORMAL'}")
             self.db.execute("BEGIN")
             freed = rows = 0
@@ -198,17 +205,16 @@ class Spool(SpoolFile):
                     rows += 1
             if inserts:
                 self.db.executemany(
-                    "INSERT INTO messages (topic, payload, qos, created, size, clock_s) VALUES (?, ?, ?, ?, ?, ?)",
-                    self._pending,
+                    "INSERT INTO messages (id, topic, payload, qos, created, size, clock_s) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    ((self._last_id + i, *row) for i, row in enumerate(self._pending, 1)),
                 )
             self.db.execute("COMMIT")
-            if not inserts:
-                return freed, rows, None
-            return freed, rows, self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
+            return freed, rows
 
         what = "write new messages" if inserts else "delete acknowledged messages"
         try:
-            freed, rows, seq = self._write(what, write, may_use_reserve=not inserts)
+            freed, rows = self._write(what, write, may_use_reserve=not inserts)
         except SpoolError:
             self._failing = True
             raise
@@ -217,7 +223,7 @@ class Spool(SpoolFile):
         self.bytes -= freed
         self.rows -= rows
         if inserts:
-            self._last_id = max(self._last_id, seq[0])
+            self._last_id += len(self._pending)
             self.rows += len(self._pending)
             self.bytes += self._pending_bytes
             self._pending.clear()

@@ -29,10 +29,14 @@ from edged.errors import PublishError
 logger = logging.getLogger("edged.daemon.spool")
 _T = TypeVar("_T")
 
+# Row ids are handed out by the spool (`_last_id`), not by AUTOINCREMENT, which rewrites the
+# sqlite_sequence page with every commit (a third of the bytes a small commit writes). The `ids` table
+# keeps sqlite_sequence in the file for an older edged that reads it. A file of an older edged keeps
+# its AUTOINCREMENT table until it is found empty at open.
 SCHEMA = (
     """
 CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    id INTEGER PRIMARY KEY,
     topic TEXT NOT NULL,
     payload BLOB NOT NULL,
     qos INTEGER NOT NULL,
@@ -42,6 +46,7 @@ CREATE TABLE IF NOT EXISTS messages (
 )
 """,
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value REAL NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS ids (id INTEGER PRIMARY KEY AUTOINCREMENT)",
 )
 CLOCK_SAVE_INTERVAL_S = 60.0  # the spool clock is saved this often (and at close); the newest row carries it too
 COLUMNS = "id, topic, payload, qos, created, size, clock_s"
@@ -144,9 +149,15 @@ class SpoolFile:
                 # a spool of an older edged: its rows' age counts from now (their `created` is a wall time)
                 db.execute("ALTER TABLE messages ADD COLUMN clock_s REAL NOT NULL DEFAULT 0")
             saved = db.execute("SELECT value FROM meta WHERE key = 'clock_s'").fetchone()
-            newest = db.execute("SELECT clock_s FROM messages WHERE id > 0 ORDER BY id DESC LIMIT 1").fetchone()
+            newest = db.execute("SELECT clock_s, id FROM messages WHERE id > 0 ORDER BY id DESC LIMIT 1").fetchone()
             # the running counts: read once here, then kept in step by every insert and delete
             self.bytes, self.rows = db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM messages").fetchone()
+            table = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'messages'").fetchone()
+            if not self.rows and "AUTOINCREMENT" in table[0].upper():  # an older edged's, empty: the new table
+                db.execute("BEGIN")
+                db.execute("DROP TABLE messages")
+                db.execute(SCHEMA[0])
+                db.execute("COMMIT")
             seq = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
             st = os.stat(self.path)
         except (sqlite3.Error, OSError):
@@ -161,9 +172,9 @@ class SpoolFile:
         newest_s = float(newest[0]) if newest else 0.0
         self._clock_base = max(float(saved[0]) if saved else 0.0, newest_s, self.clock_s())
         self._clock_t0 = self._clock()
-        if (seq[0] if seq else 0) < self._last_id:  # a new file: ids go on after the old file's
+        if seq is None or seq[0] < self._last_id:  # a new file: its sqlite_sequence row, for an older edged
             _set_sequence(db, self._last_id)
-        self._last_id = max(self._last_id, seq[0] if seq else 0)
+        self._last_id = max(self._last_id, seq[0] if seq else 0, newest[1] if newest else 0)
 
     def _connect_or_raise(self) -> None:
         try:

@@ -97,3 +97,46 @@ def test_age_goes_on_from_the_newest_row_after_a_crash(tmp_path: Path) -> None:
     again.commit()
     assert again.rows == 0 and again.dropped == 1
     again.close()
+
+
+def test_ids_never_go_back_and_an_older_spool_is_kept(tmp_path: Path) -> None:
+    """Row ids come from the spool, not from AUTOINCREMENT (which rewrites sqlite_sequence with every
+    commit): they still never go back within a run, even when the table empties, and a file of an
+    older edged keeps its rows, its ids going on after them."""
+    spool = Spool(tmp_path / "s.db", 10**6, 3600)
+    for _ in range(3):
+        spool.append("t", b"a", 1)
+    spool.commit()
+    spool.delete([r.id for r in spool.after(0, 10)])
+    spool.commit()
+    assert spool.rows == 0
+    spool.append("t", b"b", 1)
+    spool.commit()
+    assert [r.id for r in spool.after(3, 10)] == [4]  # a cursor at 3 finds it
+    spool.close()
+    with sqlite3.connect(str(tmp_path / "s.db")) as db:
+        sql = db.execute("SELECT sql FROM sqlite_master WHERE name = 'messages'").fetchone()[0]
+        assert "AUTOINCREMENT" not in sql.upper()
+        assert db.execute("SELECT name FROM sqlite_master WHERE name = 'sqlite_sequence'").fetchone()  # older edged
+
+    older = tmp_path / "older.db"
+    with sqlite3.connect(str(older)) as db:
+        db.execute(
+            "CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, payload BLOB NOT NULL, "
+            "qos INTEGER NOT NULL, created REAL NOT NULL, size INTEGER NOT NULL, clock_s REAL NOT NULL DEFAULT 0)"
+        )
+        db.executemany(
+            "INSERT INTO messages (topic, payload, qos, created, size) VALUES ('t', ?, 1, 0, 1)", [(b"o",)] * 5
+        )
+        db.execute("DELETE FROM messages WHERE id <= 2")
+    spool = Spool(older, 10**6, 3600)
+    spool.append("t", b"n", 1)
+    spool.commit()
+    assert [(r.id, r.payload) for r in spool.after(0, 10)] == [(3, b"o"), (4, b"o"), (5, b"o"), (6, b"n")]
+    spool.delete([3, 4, 5, 6])
+    spool.close()
+    again = Spool(older, 10**6, 3600)  # empty at open: its table is the new one now
+    again.close()
+    with sqlite3.connect(str(older)) as db:
+        sql = db.execute("SELECT sql FROM sqlite_master WHERE name = 'messages'").fetchone()[0]
+        assert "AUTOINCREMENT" not in sql.upper()
