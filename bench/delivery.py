@@ -7,18 +7,27 @@ In one run, against a local mosquitto on 127.0.0.1, with result-sized payloads (
   spool    the daemon's Publisher: queue -> SQLite spool (group commit) -> paho -> PUBACK -> delete
   ratio    spool / direct (target >= 0.8, and far above any camera rate: >= 2000 results/s here)
   drain    a backlog of --backlog results left in the spool (the broker away), delivered when it is back
+  backlog  the spool's own cost with 0 / 100k / 1M rows waiting (--sizes): a commit of 2 results (insert,
+           fsync, the byte and age bounds), and a send of 100 (read the next rows after the cursor, delete
+           them as on their PUBACKs); medians of 200 commits and 100 sends (target: 1M within 1.5x of 0)
+  wear     bytes the publisher thread writes to the state directory at the demo's rate (--wear-rate
+           results/s in batches of 2, PUBACKs from the broker), for --wear-s seconds, per hour
 
-Each figure is the median of --repeats runs.
+Each throughput figure is the median of --repeats runs.
 
-    python bench/delivery.py [--count 20000] [--backlog 100000] [--repeats 3]
+    python bench/delivery.py [--count 20000] [--backlog 100000] [--repeats 3] [--sizes 0,100000,1000000]
+                             [--wear-s 60] [--wear-rate 30]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import shutil
 import socket
+import sqlite3
 import statistics
 import subprocess
 import tempfile
@@ -115,11 +124,15 @@ def spooled(port: int, work: Path, n: int) -> float:
         while pub._q.full():  # the daemon drops when its queue is full; the bench waits instead
             time.sleep(0.002)
         pub.submit_event({**DOC, "seq": i + 1})
-    while pub.acked < n:
+    # the publisher drops from memory what is over spool max_unsaved_bytes (it takes the whole queue
+    # before it commits): counted, and the wait ends on them too
+    while pub.acked + pub.spool.dropped_unsaved < n:
         time.sleep(0.002)
     dt = time.perf_counter() - t0
     pub.stop(timeout_s=1)
-    return n / dt
+    if pub.spool.dropped_unsaved:
+        print(f"spool run: {pub.spool.dropped_unsaved} of {n} dropped from memory (over max_unsaved_bytes)")
+    return pub.acked / dt
 
 
 def drain(port: int, work: Path, backlog: int) -> tuple[float, float]:
@@ -127,8 +140,10 @@ def drain(port: int, work: Path, backlog: int) -> tuple[float, float]:
     spool = Spool(work / f"{name}.db", 1 << 34, 86400)
     payload = json.dumps(DOC, separators=(",", ":")).encode()
     t0 = time.perf_counter()
-    for _ in range(backlog):
+    for i in range(backlog):
         spool.append("edged/bench-01/results/dock", payload, 1)
+        if i % 1000 == 999:  # within max_unsaved_bytes (4 MB): one commit of 100k would drop most of them
+            spool.commit()
     spool.commit()
     fill_s = time.perf_counter() - t0
     spool.close()
@@ -142,11 +157,126 @@ def drain(port: int, work: Path, backlog: int) -> tuple[float, float]:
     return dt, fill_s
 
 
+def _backlog_file(path: Path, n: int, payload: bytes) -> None:
+    """A spool file with `n` rows waiting, written in one transaction (the spool's schema)."""
+    Spool(path, 1 << 34, 7 * 86400).close()
+    db = sqlite3.connect(str(path), isolation_level=None)
+    db.execute("PRAGMA synchronous=OFF")
+    db.execute("BEGIN")
+    row = ("edged/bench-01/results/dock", payload, 1, time.time(), len(payload), 0.0)
+    db.executemany(
+        "INSERT INTO messages (topic, payload, qos, created, size, clock_s) VALUES (?, ?, ?, ?, ?, ?)",
+        (row for _ in range(n)),
+    )
+    db.execute("COMMIT")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+
+
+def backlog_cost(work: Path, n: int, commits: int = 200, sends: int = 100) -> dict[str, float]:
+    """Median ms of one commit (2 results) and one send (100 results: after() + delete()) with `n` rows
+    waiting ahead of them, as in a long broker outage (the default bounds: 7 days, no byte limit hit)."""
+    payload = json.dumps(DOC, separators=(",", ":")).encode()
+    path = work / f"backlog-{n}.db"
+    _backlog_file(path, n, payload)
+    t0 = time.perf_counter()
+    spool = Spool(path, 1 << 34, 7 * 86400)
+    open_s = time.perf_counter() - t0
+    commit, commit_cpu, send = [], [], []
+    for _ in range(commits):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        spool.append("edged/bench-01/results/dock", payload, 1)
+        spool.append("edged/bench-01/results/dock", payload, 1)
+        spool.commit()
+        commit.append(time.perf_counter() - t0)
+        commit_cpu.append(time.thread_time() - c0)
+    last = 0
+    for _ in range(sends):
+        for _ in range(100):  # keeps the backlog where it is: what is sent is replaced
+            spool.append("edged/bench-01/results/dock", payload, 1)
+        spool.commit()
+        t0 = time.perf_counter()
+        rows = spool.after(last, 100)
+        spool.delete([r.id for r in rows])
+        send.append(time.perf_counter() - t0)
+        last = rows[-1].id
+    spool.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    return {
+        "rows": n,
+        "open_s": open_s,
+        "commit_ms": statistics.median(commit) * 1e3,
+        "commit_cpu_ms": statistics.median(commit_cpu) * 1e3,
+        "send_ms": statistics.median(send) * 1e3,
+    }
+
+
+def _fs_type(path: Path) -> str:
+    """The filesystem type the bench's spool files are on (from /proc/mounts), for the record."""
+    best = ("", "?")
+    for line in Path("/proc/mounts").read_text().splitlines():
+        mnt, fstype = line.split()[1:3]
+        if str(path).startswith(mnt) and len(mnt) > len(best[0]):
+            best = (mnt, fstype)
+    return best[1]
+
+
+def _thread_write_bytes(tid: int) -> int:
+    io = Path(f"/proc/self/task/{tid}/io").read_text()
+    return int(next(line.split()[1] for line in io.splitlines() if line.startswith("write_bytes:")))
+
+
+def wear(port: int, work: Path, seconds: float, rate: float) -> dict[str, float]:
+    """Bytes written to storage by the publisher thread (it does every spool write: inserts, fsyncs,
+    deletes, checkpoints) while results come at `rate`/s in batches of 2, as the demo's batches do."""
+    state = work / f"wear-{time.time_ns()}"
+    state.mkdir()
+    pub = make_publisher(port, state, "spool")
+    pub.start()
+    while not pub.connected:
+        time.sleep(0.01)
+    for i in range(20):  # past the file's creation
+        pub.submit_event({**DOC, "seq": i + 1})
+    while pub.acked < 20:
+        time.sleep(0.01)
+    tid = pub._thread.native_id
+    if tid is None:
+        raise SystemExit("the publisher thread has no id")
+    before, acked0, seq = _thread_write_bytes(tid), pub.acked, 20
+    t0 = time.perf_counter()
+    period = 2 / rate
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(2):
+            seq += 1
+            pub.submit_event({**DOC, "seq": seq})
+        time.sleep(max(0.0, t0 + (seq - 20) / 2 * period - time.perf_counter()))
+    while pub.acked < seq:
+        time.sleep(0.01)
+    elapsed = time.perf_counter() - t0
+    written = _thread_write_bytes(tid) - before
+    pub.stop(timeout_s=1)
+    results = pub.acked - acked0
+    payload = len(json.dumps(DOC, separators=(",", ":")))
+    return {
+        "seconds": elapsed,
+        "results": results,
+        "results_per_s": results / elapsed,
+        "write_bytes": written,
+        "bytes_per_result": written / results,
+        "mb_per_hour": written / elapsed * 3600 / 1e6,
+        "amplification": written / (results * payload),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--count", type=int, default=20000)
     ap.add_argument("--backlog", type=int, default=100000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sizes", default="0,100000,1000000", help="backlogs for the cost table ('' skips it)")
+    ap.add_argument("--wear-s", type=float, default=60.0, help="seconds of the wear run (0 skips it)")
+    ap.add_argument("--wear-rate", type=float, default=30.0, help="results/s of the wear run (the demo's)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -158,6 +288,9 @@ def main() -> int:
         "backlog": args.backlog,
         "repeats": args.repeats,
         "payload_bytes": len(json.dumps(DOC, separators=(",", ":"))),
+        "machine": f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}; python "
+        f"{platform.python_version()}, SQLite {sqlite3.sqlite_version}; spool files under {work} "
+        f"({_fs_type(work)})",
     }
     try:
         window = MqttConfig().max_inflight
@@ -171,14 +304,39 @@ def main() -> int:
         res["ratio"] = res["spool_per_s"] / res["direct_per_s"]
         res["drain_s"] = statistics.median(dr)
         res["drain_per_s"] = args.backlog / res["drain_s"]
+        sizes = [int(x) for x in args.sizes.split(",") if x]
+        res["backlog_cost"] = [backlog_cost(work, n) for n in sizes]
+        if args.wear_s > 0:
+            res["wear"] = wear(port, work, args.wear_s, args.wear_rate)
     finally:
         b.terminate()
         b.wait(10)
         shutil.rmtree(work, ignore_errors=True)
+    print(res["machine"])
     print(f"payload {res['payload_bytes']} bytes, in-flight window {window}, median of {args.repeats}")
     print(f"direct paho, QoS 1            {res['direct_per_s']:9.0f} results/s")
     print(f"through the spool, QoS 1      {res['spool_per_s']:9.0f} results/s   ratio {res['ratio']:.3f}")
     print(f"drain a {args.backlog}-result backlog  {res['drain_s']:9.1f} s  ({res['drain_per_s']:.0f} results/s)")
+    if res["backlog_cost"]:
+        base = res["backlog_cost"][0]
+        print(
+            "backlog (rows)   commit of 2 (ms)   its CPU (ms)      send of 100 (ms)   open (s)   "
+            "medians; x = of the first row; a commit's wall time is mostly its fsync"
+        )
+        for c in res["backlog_cost"]:
+            print(
+                f"{c['rows']:>14}   {c['commit_ms']:8.3f} x{c['commit_ms'] / base['commit_ms']:4.2f}"
+                f"   {c['commit_cpu_ms']:7.3f} x{c['commit_cpu_ms'] / base['commit_cpu_ms']:4.2f}"
+                f"   {c['send_ms']:8.3f} x{c['send_ms'] / base['send_ms']:4.2f}   {c['open_s']:8.2f}"
+            )
+    if "wear" in res:
+        w = res["wear"]
+        print(
+            f"wear at {w['results_per_s']:.0f} results/s for {w['seconds']:.0f} s: "
+            f"{w['write_bytes'] / 1e6:.1f} MB written, "
+            f"{w['bytes_per_result']:.0f} bytes/result ({w['amplification']:.1f}x the payload), "
+            f"{w['mb_per_hour']:.0f} MB/hour"
+        )
     (args.out / "delivery.json").write_text(json.dumps(res, indent=2))
     return 0
 

@@ -8,26 +8,29 @@ age: the oldest rows are dropped first, and counted.
 
 Loss window: on power loss or a crash of the process, the results of at most the last
 `commit_interval_ms` that were not yet committed; nothing that was committed. Deletes are not synced
-to disk at once: after a power cut, some acknowledged messages may be sent again (duplicates, which
+to disk at once: an acknowledged message leaves the file with the next commit (at most
+`commit_interval_ms` later, in the same transaction as that commit's inserts, so that the table's
+tail page is written once per batch, not twice), and that commit is synced only if it has inserts.
+So after a power cut or a crash, some acknowledged messages may be sent again (duplicates, which
 consumers drop by boot_id + seq), never fewer.
 
-Faults, each raised as a `SpoolError` (the caller retries with backoff) or handled here:
-- A failed write (disk full, I/O error) keeps the appended messages in memory, bounded by
-  `max_unsaved_bytes` (the oldest go first, counted in `dropped_unsaved`), for the next commit.
-- The file deleted or replaced under us (its path no longer names the inode we write to): the rows
-  still in the open, unlinked file are copied into a new file at the path, ids kept.
-- A corrupt file (at open, or a read that finds it malformed): renamed aside to
-  `spool.db.corrupt-<UTC time>` (with its -wal and -shm) and a new one started; its rows are lost, counted.
+Flash wear: a commit writes the pages it changes to the WAL (4 kB each) and syncs it. The spool
+keeps that to about one page per batch: the deletes ride in the commit, row ids come from the spool
+rather than AUTOINCREMENT (whose sqlite_sequence page would be rewritten with every commit), and the
+clock is saved once a minute rather than with every commit (the newest row carries it across a crash).
 
 Age: `max_age_s` is judged on the spool's own clock, a monotonic clock carried across restarts in
 the file (`meta.clock_s`), never on the wall clock, which jumps on boards without an RTC when NTP
 sets it. Time the daemon is not running does not count toward a message's age.
+
+Cost: nothing per commit or per send depends on how many rows wait. Rows are read after a cursor
+by id, deleted by id ranges, and the bounds cut a prefix walked from the oldest row (rows are in
+clock order by id); `rows` and `bytes` are counted once at open and kept in step by every write.
+Storage faults (disk full, I/O errors, a deleted, replaced or corrupt file): see spool_file.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import logging
 import os
 import sqlite3
@@ -36,41 +39,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
-from edged.errors import Code, PublishError
+from .spool_file import CLOCK_SAVE_INTERVAL_S, SpoolCorrupt, SpoolError, SpoolFile
+
+__all__ = ["Row", "Spool", "SpoolCorrupt", "SpoolError"]
 
 logger = logging.getLogger(__name__)
-_T = TypeVar("_T")
-
-SCHEMA = (
-    """
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    topic TEXT NOT NULL,
-    payload BLOB NOT NULL,
-    qos INTEGER NOT NULL,
-    created REAL NOT NULL,
-    size INTEGER NOT NULL,
-    clock_s REAL NOT NULL DEFAULT 0
-)
-""",
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value REAL NOT NULL)",
-)
-CLOCK_SAVE_INTERVAL_S = 60.0  # the spool clock is saved with every insert, and at least this often
-COLUMNS = "id, topic, payload, qos, created, size, clock_s"
-
-
-class SpoolError(PublishError):
-    """The spool's storage failed: disk full, an I/O error, a file that cannot be (re)created."""
-
-    code = Code.SPOOL_FAILED
-
-
-class SpoolCorrupt(SpoolError):
-    """The spool file is not a database, or a malformed one."""
-
-    code = Code.SPOOL_CORRUPT
 
 
 @dataclass(frozen=True)
@@ -81,23 +55,18 @@ class Row:
     qos: int
 
 
-def _corrupt(exc: sqlite3.Error) -> bool:
-    # SQLITE_CORRUPT and SQLITE_NOTADB are the plain DatabaseError; FULL, IOERR, LOCKED, READONLY
-    # are OperationalError (Python 3.10 has no sqlite_errorcode to ask)
-    return type(exc) is sqlite3.DatabaseError
+def _runs(ids: list[int]) -> list[tuple[int, int]]:
+    """Row ids as runs of consecutive ids (first, last): PUBACKs come in order, so a few ranges."""
+    runs: list[tuple[int, int]] = []
+    for i in sorted(set(ids)):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
 
 
-def _full(exc: sqlite3.Error) -> bool:
-    return getattr(exc, "sqlite_errorcode", None) == 13 or "disk is full" in str(exc)  # 13: SQLITE_FULL
-
-
-def _set_sequence(db: sqlite3.Connection, last_id: int) -> None:
-    """AUTOINCREMENT goes on after `last_id` (sqlite_sequence has no key: delete, then insert)."""
-    db.execute("DELETE FROM sqlite_sequence WHERE name = 'messages'")
-    db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('messages', ?)", (last_id,))
-
-
-class Spool:
+class Spool(SpoolFile):
     def __init__(
         self,
         path: Path,
@@ -110,28 +79,18 @@ class Spool:
     ) -> None:
         """`clock`: a monotonic clock in seconds (ages); `wall`: the wall clock (stored for information
         and naming quarantined files only). Both are seams for tests."""
-        self.path = path
+        super().__init__(path, clock, wall)
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
         self.max_unsaved_bytes = max_unsaved_bytes
-        self._clock = clock
-        self._wall = wall
         self.dropped = 0  # rows dropped by the byte or age bound since start
         self.dropped_unsaved = 0  # messages never written: over max_unsaved_bytes while writes failed
-        self.lost = 0  # rows lost with a corrupt file, or a deleted one that could not be re-spooled
-        self.errors = 0  # failed storage operations
-        self.recovered = 0  # files quarantined or re-created
-        self.recoveries: deque[dict[str, Any]] = deque()  # what happened, for the daemon's events
         self._pending: deque[tuple[str, bytes, int, float, int, float]] = deque()
         self._pending_bytes = 0
-        self._last_id = 0  # the highest id handed out: a new file continues after it
+        self._acked: set[int] = set()  # acknowledged rows not yet deleted from the file (see delete)
+        self._failing = False  # the last write failed: deletes are not deferred
         self._clock_saved = 0.0
-        self._reserve_retry_at = 0.0
         self._bounds_logged_at = -1e9
-        self.reserve_releases = 0  # times the reserve file was given up on a full disk
-        self._clock_base = 0.0
-        self._clock_t0 = clock()
-        self._open = False  # False between closing a file and opening its replacement (see _ensure_open)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._open_or_quarantine()
         self._hold_reserve()
@@ -139,272 +98,6 @@ class Spool:
             logger.info(
                 "spool: %d messages (%.1f MB) from before this start will be sent", self.rows, self.bytes / 2**20
             )
-
-    # --- the file ----------------------------------------------------------------------------------
-    def _open_or_quarantine(self) -> None:
-        """Open the file at `path`; a corrupt one is moved aside and a new one started."""
-        try:
-            self._connect()
-        except sqlite3.Error as exc:
-            if not _corrupt(exc):
-                raise SpoolError(f"spool {self.path}: cannot open: {exc}") from exc
-            self._quarantine(str(exc))
-            self._connect_or_raise()
-
-    def _ensure_open(self) -> None:
-        """A recovery that failed half-way (the corrupt file could not be moved aside, the new one could not
-        be created) left no open file: try again now. SpoolError until it works; the caller backs off."""
-        if not self._open:
-            try:
-                self._open_or_quarantine()
-            except OSError as exc:
-                raise SpoolError(f"spool {self.path}: cannot open: {exc}") from exc
-
-    def _close_db(self) -> None:
-        self._open = False
-        self.db.close()
-
-    def _connect(self) -> None:
-        """Open (or create) the file at `path`; reads its counts and clock, which also finds a corrupt file."""
-        db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            # SQLite lets the WAL grow to 1000 pages (4 MB) before it is checkpointed and reused: on a
-            # small filesystem that is all of it. Checkpoint at 1/16 of the filesystem there instead.
-            fs = os.statvfs(self.path.parent)
-            # The spool never fills its filesystem by itself: it holds at most a quarter of it (with
-            # SQLite's pages, the WAL and the reserve, about half); more is dropped like max_bytes.
-            self.fs_budget = fs.f_blocks * fs.f_frsize // 4
-            wal_pages = max(4, min(1000, fs.f_blocks * fs.f_frsize // 16 // 4096))
-            db.execute(f"PRAGMA wal_autocheckpoint={wal_pages}")
-            db.execute(f"PRAGMA journal_size_limit={wal_pages * 4096 * 2}")
-            for stmt in SCHEMA:
-                db.execute(stmt)
-            if "clock_s" not in {r[1] for r in db.execute("PRAGMA table_info(messages)")}:
-                # a spool of an older edged: its rows' age counts from now (their `created` is a wall time)
-                db.execute("ALTER TABLE messages ADD COLUMN clock_s REAL NOT NULL DEFAULT 0")
-            saved = db.execute("SELECT value FROM meta WHERE key = 'clock_s'").fetchone()
-            self.bytes, self.rows = db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM messages").fetchone()
-            seq = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
-            st = os.stat(self.path)
-        except (sqlite3.Error, OSError):
-            db.close()
-            raise
-        self.db = db
-        self._open = True
-        self._ident = (st.st_dev, st.st_ino)
-        # the clock goes on from the file's saved value, or from ours when this is a new file
-        self._clock_base = max(float(saved[0]) if saved else 0.0, self.clock_s())
-        self._clock_t0 = self._clock()
-        if (seq[0] if seq else 0) < self._last_id:  # a new file: ids go on after the old file's
-            _set_sequence(db, self._last_id)
-        self._last_id = max(self._last_id, seq[0] if seq else 0)
-
-    def _connect_or_raise(self) -> None:
-        try:
-            self._connect()
-        except (sqlite3.Error, OSError) as exc:
-            raise SpoolError(f"spool {self.path}: cannot create a new spool file: {exc}") from exc
-
-    def _move_aside(self, kind: str) -> Path:
-        stamp = dt.datetime.fromtimestamp(self._wall(), dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        dest = self.path.with_name(f"{self.path.name}.{kind}-{stamp}")
-        n = 1
-        while dest.exists():
-            n += 1
-            dest = self.path.with_name(f"{self.path.name}.{kind}-{stamp}.{n}")
-        for suffix in ("", "-wal", "-shm"):
-            src = Path(f"{self.path}{suffix}")
-            if src.exists():
-                os.replace(src, f"{dest}{suffix}")
-        return dest
-
-    def _quarantine(self, reason: str) -> None:
-        """Rename a corrupt file aside (with its -wal and -shm); the caller opens a new one."""
-        try:
-            dest = self._move_aside("corrupt")
-        except OSError as exc:
-            raise SpoolError(f"spool {self.path} is corrupt ({reason}) and cannot be moved aside: {exc}") from exc
-        self.recovered += 1
-        logger.error("spool: %s is corrupt (%s); moved it to %s and started a new spool", self.path, reason, dest)
-        self.recoveries.append(
-            {
-                "type": "spool_recovered",
-                "reason": "corrupt",
-                "error": reason,
-                "path": str(self.path),
-                "quarantined": str(dest),
-            }
-        )
-
-    def recover_corrupt(self, reason: str) -> None:
-        """A read or write found the open file corrupt: quarantine it, start a new one; its rows are lost."""
-        lost = self.rows
-        self._close_db()
-        self._quarantine(reason)
-        self.lost += lost
-        self.rows = self.bytes = 0
-        self.recoveries[-1]["lost"] = lost
-        logger.error("spool: %d messages were in the corrupt spool and are lost", lost)
-        self._connect_or_raise()  # on failure, the next call tries again (_ensure_open)
-
-    def _check_file(self) -> None:
-        """Our path must still name the file we write to. If it was deleted or replaced (rm -rf of the
-        state directory), the rows still in the open, unlinked file are copied into a new file at the
-        path. Copied next to it first and renamed in: closing the old connection deletes its -wal and
-        -shm by name, which must not be the new file's."""
-        try:
-            st = os.stat(self.path)
-            if (st.st_dev, st.st_ino) == self._ident:
-                return
-            what = "replaced"
-        except (FileNotFoundError, NotADirectoryError):  # gone, or its directory is not one any more
-            what = "deleted"
-        except OSError as exc:
-            raise SpoolError(f"spool {self.path}: cannot stat: {exc}") from exc
-        tmp = self.path.with_name(f"{self.path.name}.new")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{tmp}{suffix}").unlink(missing_ok=True)
-            n, size = self._copy_to(tmp)
-            if what == "replaced":
-                aside: Path | None = self._move_aside("replaced")
-            else:
-                aside = None
-                for suffix in ("-wal", "-shm"):  # ours, left behind by a delete of the file alone: copied
-                    Path(f"{self.path}{suffix}").unlink(missing_ok=True)
-        except (OSError, sqlite3.Error) as exc:
-            self.errors += 1
-            for suffix in ("", "-wal", "-shm"):
-                with contextlib.suppress(OSError):  # best effort: the directory may be gone, or a file
-                    Path(f"{tmp}{suffix}").unlink(missing_ok=True)
-            raise SpoolError(
-                f"spool {self.path} was {what} and cannot be re-created: {exc}; its {self.rows} messages are "
-                f"held in the deleted file until it can"
-            ) from exc
-        self._close_db()
-        try:
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            self.lost += n
-            raise SpoolError(f"spool {self.path}: cannot rename {tmp} into place: {exc}") from exc
-        finally:
-            self._connect_or_raise()
-        self.bytes, self.rows = size, n
-        self.recovered += 1
-        logger.error(
-            "spool: %s was %s while running%s; re-created it with the %d messages not yet acknowledged (none lost)",
-            self.path,
-            what,
-            f" (the file found there is now {aside})" if aside else "",
-            n,
-        )
-        self.recoveries.append(
-            {"type": "spool_recovered", "reason": what, "path": str(self.path), "messages": n, "lost": 0}
-        )
-
-    def _copy_to(self, dest: Path) -> tuple[int, int]:
-        """Every row of the open file into a new spool file `dest` (ids, sequence and clock kept)."""
-        new = sqlite3.connect(str(dest), isolation_level=None)
-        n = size = 0
-        try:
-            new.execute("PRAGMA journal_mode=WAL")
-            for stmt in SCHEMA:
-                new.execute(stmt)
-            new.execute("BEGIN")
-            cur = self.db.execute(f"SELECT {COLUMNS} FROM messages ORDER BY id")  # noqa: S608
-            while chunk := cur.fetchmany(1000):
-                new.executemany(f"INSERT INTO messages ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", chunk)  # noqa: S608
-                n += len(chunk)
-                size += sum(r[5] for r in chunk)
-            _set_sequence(new, self._last_id)
-            new.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('clock_s', ?)", (self.clock_s(),))
-            new.execute("COMMIT")
-        finally:
-            new.close()
-        return n, size
-
-    def _error(self, what: str, exc: sqlite3.Error) -> SpoolError:
-        self.errors += 1
-        cls = SpoolCorrupt if _corrupt(exc) else SpoolError
-        return cls(f"spool {self.path}: cannot {what}: {exc}")
-
-    def _write(self, what: str, op: Callable[[], _T], may_use_reserve: bool = False) -> _T:
-        """Run a write transaction. On a full disk, give back the space the WAL holds (a truncating
-        checkpoint: the WAL grows to SQLite's autocheckpoint size, 4 MB, before it is reused, which on
-        a small filesystem is most of it) and try once more. The checkpoint itself needs a little room
-        in the database file, and a delete needs some in the WAL: for them the reserve file is given
-        up, so that delivering what is spooled always frees space."""
-        try:
-            return op()
-        except sqlite3.Error as exc:
-            self._rollback()
-            if not _full(exc):
-                raise self._error(what, exc) from exc
-        try:
-            self._checkpoint()
-            return op()
-        except sqlite3.Error as exc:
-            self._rollback()
-            if not (_full(exc) and may_use_reserve and self._release_reserve()):
-                raise self._error(what, exc) from exc
-        try:
-            self._checkpoint()
-            return op()
-        except sqlite3.Error as exc:
-            self._rollback()
-            raise self._error(what, exc) from exc
-
-    def _checkpoint(self) -> None:
-        try:
-            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        except sqlite3.Error as exc:
-            if not (_full(exc) and self._release_reserve()):
-                raise
-            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-
-    @property
-    def _reserve_path(self) -> Path:
-        return self.path.with_name(f"{self.path.name}.reserve")
-
-    def _hold_reserve(self) -> None:
-        """Keep `spool.db.reserve`: space set aside for the spool's own checkpoints and deletes on a
-        full disk (1/16 of the filesystem, 64 kB to 4 MB). Best effort: retried every few seconds."""
-        now = self._clock()
-        if now < self._reserve_retry_at or self._reserve_path.exists():
-            return
-        try:
-            st = os.statvfs(self.path.parent)
-            size = min(4 * 2**20, max(64 * 1024, st.f_blocks * st.f_frsize // 16))
-            fd = os.open(self._reserve_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.posix_fallocate(fd, 0, size)
-            finally:
-                os.close(fd)
-        except OSError:
-            self._reserve_path.unlink(missing_ok=True)
-            self._reserve_retry_at = now + 5.0
-
-    def _release_reserve(self) -> bool:
-        try:
-            size = self._reserve_path.stat().st_size
-            self._reserve_path.unlink()
-        except OSError:
-            return False
-        self._reserve_retry_at = self._clock() + 5.0
-        self.reserve_releases += 1
-        log = logger.warning if self.reserve_releases == 1 else logger.debug  # it recurs while the disk is full
-        log("spool: the disk is full; gave up the %d kB reserve to checkpoint or delete", size // 1024)
-        return True
-
-    def _rollback(self) -> None:
-        if self._open and self.db.in_transaction:
-            try:
-                self.db.execute("ROLLBACK")
-            except sqlite3.Error:
-                logger.debug("spool: rollback failed", exc_info=True)  # SQLite rolled back itself
 
     # --- messages ----------------------------------------------------------------------------------
     def clock_s(self) -> float:
@@ -428,27 +121,14 @@ class Spool:
         storage fails: what was appended stays in memory for the next try."""
         self._ensure_open()
         self._check_file()
-        if self._pending:
-            now = self.clock_s()
-
-            def insert() -> Any:
-                self.db.execute("PRAGMA synchronous=FULL")  # on disk when commit() returns
-                self.db.execute("BEGIN")
-                self.db.executemany(
-                    "INSERT INTO messages (topic, payload, qos, created, size, clock_s) VALUES (?, ?, ?, ?, ?, ?)",
-                    self._pending,
-                )
-                self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('clock_s', ?)", (now,))
-                self.db.execute("COMMIT")
-                return self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
-
-            seq = self._write("write new messages", insert)
-            self._last_id = max(self._last_id, seq[0])
-            self._clock_saved = now
-            self.rows += len(self._pending)
-            self.bytes += self._pending_bytes
-            self._pending.clear()
-            self._pending_bytes = 0
+        if self._pending and self._acked:
+            try:
+                self._save(inserts=True)
+            except SpoolError:
+                self._save(inserts=False)  # deliveries free space: they go through alone (with the reserve)
+                raise
+        elif self._pending or self._acked:
+            self._save(inserts=bool(self._pending))
         try:
             self._enforce()
         except sqlite3.Error as exc:
@@ -457,29 +137,17 @@ class Spool:
         self._hold_reserve()
 
     def _enforce(self) -> None:
-        dropped = 0
         now = self.clock_s()
         if now - self._clock_saved >= CLOCK_SAVE_INTERVAL_S:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('clock_s', ?)", (now,))
             self._clock_saved = now
-        if self.max_age_s and self.rows:
-            cur = self.db.execute("DELETE FROM messages WHERE clock_s < ?", (now - self.max_age_s,))
-            dropped += cur.rowcount
         limit = min(self.max_bytes, self.fs_budget)
-        if self.bytes > limit:
-            # drop the oldest rows until what is left fits
-            excess = self.bytes - limit
-            cut = self.db.execute(
-                "SELECT id FROM (SELECT id, SUM(size) OVER (ORDER BY id) AS running FROM messages) "
-                "WHERE running >= ? ORDER BY id LIMIT 1",
-                (excess,),
-            ).fetchone()
-            if cut is not None:
-                dropped += self.db.execute("DELETE FROM messages WHERE id <= ?", (cut[0],)).rowcount
+        if not self.rows or (self.bytes <= limit and not self.max_age_s):
+            return
+        dropped = self._drop_oldest(now - self.max_age_s if self.max_age_s else -1.0, self.bytes - limit)
         if dropped:
             self.dropped += dropped
-            self.bytes, self.rows = self.db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM messages").fetchone()
             t = self._clock()
             if t >= self._bounds_logged_at + 60.0:  # a full spool drops at every commit: say so once a minute
                 self._bounds_logged_at = t
@@ -491,41 +159,104 @@ class Spool:
                     self.dropped,
                 )
 
-    def after(self, last_id: int, limit: int) -> list[Row]:
-        """Committed rows with id > last_id, oldest first."""
-        self._ensure_open()
-        try:
-            return [
-                Row(*r)
-                for r in self.db.execute(
-                    "SELECT id, topic, payload, qos FROM messages WHERE id > ? ORDER BY id LIMIT ?", (last_id, limit)
-                )
-            ]
-        except sqlite3.Error as exc:
-            raise self._error("read messages", exc) from exc
+    def _drop_oldest(self, cutoff: float, excess: int) -> int:
+        """Drop the oldest rows: those older than `cutoff` on the spool clock, and then more until `excess`
+        bytes are freed. Rows are in clock order by id (see _connect), so both are a prefix of the table:
+        it is walked from its head in growing chunks and cut there. The cost is that of the rows dropped,
+        not of the rows kept."""
+        dropped = head = 0
+        chunk = 8
+        while True:
+            rows = self.db.execute(
+                "SELECT id, size, clock_s FROM messages WHERE id > ? ORDER BY id LIMIT ?", (head, chunk)
+            ).fetchall()
+            cut = freed = n = 0
+            for row_id, size, clock_s in rows:
+                if clock_s >= cutoff and freed >= excess:
+                    break
+                cut, freed, n = row_id, freed + size, n + 1
+            if not n:
+                return dropped
+            self.db.execute("DELETE FROM messages WHERE id > ? AND id <= ?", (head, cut))
+            self.rows -= n
+            self.bytes -= freed
+            excess -= freed
+            dropped += n
+            if n < len(rows) or len(rows) < chunk:
+                return dropped
+            head, chunk = cut, min(chunk * 4, 4096)
 
-    def delete(self, ids: list[int]) -> None:
-        if not ids:
-            return
-        self._ensure_open()
+    def _save(self, inserts: bool) -> None:
+        """One transaction: the deletes of acknowledged rows, then (`inserts`) the appended ones. Together,
+        the table's tail page (where both happen while the broker keeps up) is written once, not twice.
+        With inserts it is on disk when this returns (synchronous=FULL). Deletes alone do not wait for the
+        disk (synchronous=NORMAL): a delete lost to a power cut only means a message sent once more."""
+        acked = sorted(self._acked)
 
-        # A delete lost to a power cut only means the message is sent once more (at-least-once), so
-        # deletes do not wait for the disk (WAL, synchronous=NORMAL: durable at the next checkpoint).
-        def remove() -> tuple[int, int]:
-            self.db.execute("PRAGMA synchronous=NORMAL")
+        def write() -> tuple[int, int]:
+            self.db.execute(f"PRAGMA synchronous={'FULL' if inserts else 'NORMAL'}")
             self.db.execute("BEGIN")
             freed = rows = 0
-            for chunk in (ids[i : i + 500] for i in range(0, len(ids), 500)):
-                marks = ",".join("?" * len(chunk))
-                for (size,) in self.db.execute(f"DELETE FROM messages WHERE id IN ({marks}) RETURNING size", chunk):  # noqa: S608
+            for first, last in _runs(acked):
+                for (size,) in self.db.execute(
+                    "DELETE FROM messages WHERE id >= ? AND id <= ? RETURNING size", (first, last)
+                ):
                     freed += size
                     rows += 1
+            if inserts:
+                self.db.executemany(
+                    "INSERT INTO messages (id, topic, payload, qos, created, size, clock_s) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    ((self._last_id + i, *row) for i, row in enumerate(self._pending, 1)),
+                )
             self.db.execute("COMMIT")
             return freed, rows
 
-        freed, rows = self._write("delete acknowledged messages", remove, may_use_reserve=True)
+        what = "write new messages" if inserts else "delete acknowledged messages"
+        try:
+            freed, rows = self._write(what, write, may_use_reserve=not inserts)
+        except SpoolError:
+            self._failing = True
+            raise
+        self._failing = False
+        self._acked.difference_update(acked)
         self.bytes -= freed
         self.rows -= rows
+        if inserts:
+            self._last_id += len(self._pending)
+            self.rows += len(self._pending)
+            self.bytes += self._pending_bytes
+            self._pending.clear()
+            self._pending_bytes = 0
+
+    def recover_corrupt(self, reason: str) -> None:
+        """See SpoolFile.recover_corrupt: the rows acknowledged and not yet deleted are not lost."""
+        self.rows -= len(self._acked)
+        self._acked.clear()
+        super().recover_corrupt(reason)
+
+    def after(self, last_id: int, limit: int) -> list[Row]:
+        """Committed rows with id > last_id, oldest first; not those acknowledged and not yet deleted."""
+        self._ensure_open()
+        try:
+            rows = self.db.execute(
+                "SELECT id, topic, payload, qos FROM messages WHERE id > ? ORDER BY id LIMIT ?",
+                (last_id, limit + len(self._acked)),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise self._error("read messages", exc) from exc
+        return [Row(*r) for r in rows if r[0] not in self._acked][:limit]
+
+    def delete(self, ids: list[int]) -> None:
+        """Acknowledged rows: gone from after() at once, from the file with the next commit() (the publisher
+        commits at least every commit_interval_ms), in the same transaction as its inserts. While the
+        storage fails, at once: delivering what is spooled is what frees space."""
+        if not ids:
+            return
+        self._ensure_open()
+        self._acked.update(ids)
+        if self._failing:
+            self._save(inserts=False)
 
     def close(self) -> int:
         """Commit what is pending (re-creating a deleted file first) and close. Returns how many messages
@@ -543,7 +274,7 @@ class Spool:
             except OSError:
                 on_disk = False
             if not on_disk:  # the rows were only in a deleted file, which goes with this close
-                lost += self.rows
+                lost += self.rows - len(self._acked)  # less those delivered
                 self.rows = self.bytes = 0
             if lost:
                 logger.error("spool: %d messages are lost at stop: %s", lost, exc)

@@ -46,6 +46,8 @@ def test_spool_bounds_and_order(tmp_path: Path) -> None:
     rows = spool.after(0, 1000)
     assert [json.loads(r.payload)["i"] for r in rows] == list(range(50, 100))  # the oldest went first
     spool.delete([r.id for r in rows[:10]])
+    assert [r.id for r in spool.after(0, 5)] == [r.id for r in rows[10:15]]  # acknowledged: not sent again
+    spool.commit()  # deletes reach the file with the next commit (merged with its inserts)
     assert spool.rows == 40 and spool.bytes == 40 * 200
     spool.close()
     again = Spool(tmp_path / "s.db", max_bytes=10_000, max_age_s=0.001)  # reopened: rows survive...
