@@ -85,30 +85,47 @@ J -o cat | grep -q 'blazeface-back@4 passed probation.*committed' && ok "journal
   || bad "no commit in the journal: $(J -o cat | grep -i probation | tail -3)"
 
 # ---- the broker restarted mid-run: nothing lost, counted by seq within one boot_id -----------------
+# a backend subscriber with a persistent session (QoS 1) keeps its queue across the restart
 pid=$(prop MainPID)
 rm -f /tmp/seq.json
 mosquitto_sub "${BACK[@]}" -i e2e-seq -c -q 1 -t 'edged/e2e-01/results/#' > /tmp/seq.json 2>/tmp/seq.err &
 SUB=$!
 waitfor 30 sh -c '[ $(wc -l < /tmp/seq.json) -ge 10 ]' || bad "the counting subscriber got $(wc -l < /tmp/seq.json) results"
-systemctl restart mosquitto
+CUR2=$(journalctl -n 0 --show-cursor -q | sed -n 's/^-- cursor: //p')
+# a restart with an outage that spans results: stopped until the daemon's STATUS= shows at least 5
+# results waiting in its spool, then started (a bare `systemctl restart` is over in ~0.2 s, a frame or two)
+export DOWN_AT=$EPOCHREALTIME
+systemctl stop mosquitto
 before=$(wc -l < /tmp/seq.json)
+waitfor 30 sh -c "systemctl show -P StatusText $U | grep -Eq 'spool ([5-9]|[1-9][0-9]+)'" \
+  && ok "broker down: $(prop StatusText | grep -Eo 'broker [a-z]+|spool [0-9]+' | paste -sd' ')" \
+  || bad "no results spooled while the broker was down: $(prop StatusText)"
+systemctl start mosquitto
 waitfor 20 sh -c "ss -ltn 2>/dev/null | grep -q ':8883 ' || grep -q ':22B3 ' /proc/net/tcp /proc/net/tcp6"
+export UP_AT=$EPOCHREALTIME
 if waitfor 60 sh -c "[ \$(wc -l < /tmp/seq.json) -ge $((before + 30)) ]"; then
   ok "results continue after the broker restart ($before before, $(wc -l < /tmp/seq.json) in all)"
 else bad "after the broker restart: $(wc -l < /tmp/seq.json) results (had $before); $(tail -3 /tmp/seq.err)"; fi
 kill $SUB 2>/dev/null; wait $SUB 2>/dev/null
 if $PY - <<'EOF'
-import json, sys
+import datetime as dt, json, os, sys
 rows = [json.loads(l) for l in open("/tmp/seq.json") if l.strip()]
 boots = {r["boot_id"] for r in rows}
 seqs = sorted({r["seq"] for r in rows})
 missing = sorted(set(range(seqs[0], seqs[-1] + 1)) - set(seqs)) if seqs else []
+down, up = float(os.environ["DOWN_AT"]), float(os.environ["UP_AT"])
+at = lambda r: dt.datetime.fromisoformat(r["captured_at"].replace("Z", "+00:00")).timestamp()
+outage = sorted({r["seq"] for r in rows if down <= at(r) <= up})
 print(f"  {len(rows)} results, seq {seqs[0] if seqs else '-'}..{seqs[-1] if seqs else '-'}, {len(rows) - len(seqs)} duplicates, "
-      f"{len(missing)} missing {missing[:10]}, boot_ids {len(boots)}")
-sys.exit(0 if rows and len(boots) == 1 and not missing else 1)
+      f"{len(missing)} missing {missing[:10]}, boot_ids {len(boots)}; {len(outage)} captured while the broker was down "
+      f"({up - down:.1f} s)")
+sys.exit(0 if rows and len(boots) == 1 and not missing and len(outage) >= 5 else 1)
 EOF
-then ok "nothing lost across the broker restart: every seq present, one boot_id"
-else bad "results lost across the broker restart"; fi
+then ok "nothing lost across the broker restart: every seq present, one boot_id, the outage's results spooled and delivered"
+else bad "results lost across the broker restart (or none captured during it)"; fi
+journalctl --no-pager --cursor="$CUR2" -u $U -o cat | grep -q 'mqtt: disconnected' \
+  && ok "journal: the daemon saw the broker go ($(journalctl --no-pager --cursor="$CUR2" -u $U -o cat | grep -m1 -o 'mqtt: disconnected ([^)]*)'))" \
+  || bad "the daemon never noticed the broker restart"
 [ "$(prop MainPID)" = "$pid" ] && ok "the daemon rode out the broker restart (same MainPID)" || bad "MainPID $pid -> $(prop MainPID)"
 
 # ---- a revoked device is refused -------------------------------------------------------------------
