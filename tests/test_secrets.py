@@ -109,7 +109,10 @@ class _RtspAuthChecker:
             sent = base64.b64decode(rest).decode("utf-8", "replace")
             return "Basic", sent == f"{self.user}:{self.password}", sent
         fields = dict(re.findall(r'(\w+)="?([^",]*)"?', rest))
-        md5 = lambda t: hashlib.md5(t.encode()).hexdigest()  # noqa: E731
+
+        def md5(text: str) -> str:
+            return hashlib.md5(text.encode()).hexdigest()
+
         ha1 = md5(f"{self.user}:x:{self.password}")
         want = md5(f"{ha1}:{fields.get('nonce')}:{md5(method + ':' + fields.get('uri', ''))}")
         return "Digest", fields.get("username") == self.user and fields.get("response") == want, rest
