@@ -1,4 +1,4 @@
-"""``edged certs ca|server|device|revoke|crl|status``: a small CA for the broker and the devices."""
+"""``edged certs ca|server|device|backend|revoke|crl|status|acl``: a small CA for the broker and the devices."""
 
 from __future__ import annotations
 
@@ -22,9 +22,15 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     c_srv.add_argument("hosts", nargs="+", metavar="HOST")
     c_srv.set_defaults(func=_server)
-    c_dev = csub.add_parser("device", help="a device certificate; its CN (the device id) is its MQTT user name")
+    c_dev = csub.add_parser(
+        "device", help="a device certificate; its CN (the device id) is its MQTT user name (not `backend`)"
+    )
     c_dev.add_argument("device_id")
     c_dev.set_defaults(func=_device)
+    c_back = csub.add_parser(
+        "backend", help="the backend's certificate (CN backend: edged.acl's backend, for edged push / watch)"
+    )
+    c_back.set_defaults(func=_backend)
     c_rev = csub.add_parser("revoke", help="add a certificate to --dir/crl.pem")
     c_rev.add_argument("cert", type=Path)
     c_rev.set_defaults(func=_revoke)
@@ -36,9 +42,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     c_st.add_argument("--warn-days", type=int, default=30, metavar="N", help="warn this many days ahead (default 30)")
     c_st.set_defaults(func=_status)
-    for c in (c_ca, c_srv, c_dev, c_rev, c_crl, c_st):
+    c_acl = csub.add_parser(
+        "acl", help="print mosquitto's ACL for a topic prefix (the shipped edged.acl is the default's)"
+    )
+    c_acl.add_argument("--prefix", default="edged", help="the devices' mqtt.topic_prefix (default edged)")
+    c_acl.set_defaults(func=_acl)
+    for c in (c_ca, c_srv, c_dev, c_back, c_rev, c_crl, c_st):
         c.add_argument("--dir", type=Path, required=True, help="the CA's folder")
-    for c in (c_srv, c_dev):
+    for c in (c_srv, c_dev, c_back):
         c.add_argument("--days", type=int, default=825, help="validity in days (default 825)")
 
 
@@ -63,7 +74,15 @@ def _server(args: argparse.Namespace) -> int:
 def _device(args: argparse.Namespace) -> int:
     from edged.deploy import certs
 
-    out = certs.make_cert(args.dir, args.device_id, days=args.days)
+    out = certs.make_device(args.dir, args.device_id, days=args.days)
+    print(f"certs: wrote {out}")
+    return 0
+
+
+def _backend(args: argparse.Namespace) -> int:
+    from edged.deploy import certs
+
+    out = certs.make_backend(args.dir, days=args.days)
     print(f"certs: wrote {out}")
     return 0
 
@@ -100,3 +119,10 @@ def _status(args: argparse.Namespace) -> int:
         fix = f"edged certs crl --dir {folder}" if e.what == "CRL" else "issue it again (docs/operator.md)"
         print(f"certs: {e.path} ({e.what}) ends within {warn_days} days or has ended: {fix}", file=sys.stderr)
     return 1 if due else 0
+
+
+def _acl(args: argparse.Namespace) -> int:
+    from edged.deploy import certs
+
+    sys.stdout.write(certs.acl(args.prefix))
+    return 0

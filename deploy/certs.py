@@ -5,6 +5,10 @@
     edged certs server broker.site 10.0.0.2 --dir pki    pki/server.crt/.key for mosquitto
     edged certs device orin-07 --dir pki          pki/orin-07.crt/.key: CN = the device id, which
                                                   mosquitto uses as the user name (use_identity_as_username)
+    edged certs backend --dir pki                 pki/backend.crt/.key: the ACL's `backend` principal
+                                                  (edged push, edged watch, the site's consumers)
+    edged certs acl [--prefix edged]              mosquitto's ACL for a topic prefix (the shipped
+                                                  systemd/mosquitto/edged.acl is `edged certs acl`)
     edged certs revoke pki/orin-07.crt --dir pki  add it to pki/crl.pem (mosquitto's crlfile)
     edged certs crl --dir pki                     sign pki/crl.pem again with a fresh next update
     edged certs status --dir pki                  what expires when; exit 1 if anything is within --warn-days
@@ -43,6 +47,7 @@ BROKER_GROUP = "mosquitto"  # the user and group mosquitto drops to when started
 # a client's CN is its MQTT user name and a topic level (edged/<CN>/...); these names are files of the CA
 _CLIENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _RESERVED = {"ca", "server", "crl", "_push"}
+BACKEND = "backend"  # edged.acl's `user backend`: reads every device, sends commands and OTA chunks
 
 
 def _now() -> dt.datetime:
@@ -155,6 +160,23 @@ def make_cert(
     _write(out / f"{name}.key", _key_pem(key), secret=True)
     _write(out / f"{name}.crt", cert.public_bytes(serialization.Encoding.PEM))
     return out / f"{name}.crt"
+
+
+def make_device(folder: Path, device_id: str, days: int = 825) -> Path:
+    """A device's certificate (CN = its device id). `backend` is refused: the shipped ACL gives that
+    user name the backend's rights (every device's topics, commands, OTA chunks); `make_backend` issues it."""
+    if device_id == BACKEND:
+        raise CertError(
+            f"a device cannot be named {BACKEND!r}: edged.acl gives that user the backend's rights "
+            f"(reads every device, sends commands); issue the backend's certificate with `edged certs backend`"
+        )
+    return make_cert(folder, device_id, days=days)
+
+
+def make_backend(folder: Path, days: int = 825) -> Path:
+    """The backend's certificate (CN = backend, edged.acl's `user backend`): `edged push`, `edged watch`
+    and the site's consumers connect with it."""
+    return make_cert(folder, BACKEND, days=days)
 
 
 def share_with_broker(key_path: Path, group: str = BROKER_GROUP) -> str:
@@ -280,3 +302,57 @@ def status(folder: Path) -> list[Expiry]:
         revoked = crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None
         found.append(Expiry(path, what, cert.not_valid_after_utc, revoked))
     return found
+
+
+# mosquitto's ACL for a site; {p} is the topic prefix. systemd/mosquitto/edged.acl is acl("edged")
+# (tests/test_site.py checks they agree and runs mosquitto with it).
+_ACL = """\
+# mosquitto ACL for an edged site (acl_file in edged.conf), topic prefix `{p}`: made by
+# `edged certs acl --prefix {p}`. A site whose devices set another mqtt.topic_prefix makes its own
+# with `edged certs acl --prefix PREFIX > /etc/mosquitto/edged.acl` (then SIGHUP mosquitto). Every
+# client's user name is its certificate's CN (use_identity_as_username). The topics are those edged's
+# daemon, `edged push` and `edged watch` use (docs/operator.md, Broker security).
+#
+# A device (CN = its device id) reads its own commands and OTA chunks, and writes only what the
+# daemon publishes, under its own prefix: it can neither publish into another device's topics, read
+# another device's commands, nor send commands (an OTA offer is cmd/ota) or OTA data, not even to
+# itself. `pattern` lines apply to every client, the backend included.
+pattern read {p}/%u/cmd/+
+pattern read {p}/%u/ota/data
+pattern write {p}/%u/status
+pattern write {p}/%u/results/+
+pattern write {p}/%u/events
+pattern write {p}/%u/telemetry
+pattern write {p}/%u/model/state
+pattern write {p}/%u/snapshot/+
+pattern write {p}/%u/ota/req
+pattern write {p}/%u/ota/status
+# replies: the default one (…/cmd/<verb>/reply), a response topic in the device's own namespace, and
+# the reply topic of an `edged push` (a command's response topic is confined to these; README, Commands).
+# mosquitto warns that the last has no %u: it is meant for every device.
+pattern write {p}/%u/cmd/+/reply
+pattern write {p}/%u/reply/#
+pattern write {p}/_push/+/reply
+
+# The site's backend (CN = backend, `edged certs backend`; no device may be named so): reads every
+# device (results, status and its last will, group discovery, replies, OTA requests and status), sends
+# commands (cmd/ota is an OTA offer) and serves OTA chunks (`edged push`). It cannot forge what a
+# device publishes.
+user backend
+topic read {p}/#
+topic write {p}/+/cmd/+
+topic write {p}/+/ota/data
+topic readwrite backend/#
+"""
+_PREFIX_LEVEL = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def acl(prefix: str = "edged") -> str:
+    """mosquitto's ACL for an edged site whose devices use `prefix` (mqtt.topic_prefix)."""
+    levels = prefix.split("/")
+    if any(not _PREFIX_LEVEL.match(level) for level in levels) or levels[0] == BACKEND:
+        raise CertError(
+            f"{prefix!r} cannot be a topic prefix in an ACL: topic levels of letters, digits, '_', '.', '-' "
+            f"joined by '/', not starting with {BACKEND!r} (the backend's own topics)"
+        )
+    return _ACL.format(p=prefix)

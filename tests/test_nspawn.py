@@ -1,8 +1,12 @@
 """End to end under a real systemd: a throwaway Debian rootfs booted with systemd-nspawn (systemd as
 PID 1 in its own namespaces, never on this machine's root), the host deploy bundle installed with its
 install.sh, then start / status / results / reload / watchdog / journald / OnFailure rollback / stop
-driven with systemctl (tests/nspawn/e2e.sh). About 2 min the first time (debootstrap, cached in
-/var/cache/edged-nspawn), then about a minute a run (the bundle's wheels install inside)."""
+driven with systemctl (tests/nspawn/e2e.sh); then, in the same boot, the site as shipped
+(tests/nspawn/site.sh): mosquitto with systemd/mosquitto/edged.conf and edged.acl verbatim and
+certificates from `edged certs`, the device's identity through the unit's LoadCredential= lines,
+results over TLS to the backend, `edged push` to a version that commits, a broker restart with no
+seq lost, a revoked device refused. About 2 min the first time (debootstrap, cached in
+/var/cache/edged-nspawn), then about a minute and a half a run (the bundle's wheels install inside)."""
 
 from __future__ import annotations
 
@@ -44,14 +48,27 @@ def test_bundle_under_a_real_systemd(demo: DemoAssets, tmp_path: Path) -> None:
         tmp_path / "v3", {**fields, "version": 3}, {"model.onnx": src.model_path, "labels.txt": src.root / "labels.txt"}
     )
     pack_tar(good, payload / "v3.tar", key.sign(good.manifest_bytes))
+    # version 4 is good and is pushed over TLS by site.sh, with `edged push` and the backend's certificate
+    v4 = write_package(
+        tmp_path / "v4", {**fields, "version": 4}, {"model.onnx": src.model_path, "labels.txt": src.root / "labels.txt"}
+    )
+    pack_tar(v4, payload / "v4.tar", key.sign(v4.manifest_bytes))
+    # the site's PKI, made with `edged certs` as docs/operator.md "Broker security" does; the shipped
+    # mosquitto files verbatim
+    pki = payload / "pki"
+    for args in (["ca"], ["server", "localhost", "127.0.0.1"], ["device", "e2e-01"], ["backend"]):
+        r = edged_cli("certs", *args, "--dir", str(pki))
+        assert r.returncode == 0, r.stderr
+    shutil.copytree(REPO / "systemd/mosquitto", payload / "mosquitto")
     bundle = build_bundle("host", keys, tmp_path / "faces-1.tar", key_path, tmp_path / "out")
     shutil.copy(bundle, payload / "bundle.tar")
     shutil.copy(demo.video, payload / "demo.mp4")
-    shutil.copy(REPO / "tests/nspawn/e2e.sh", payload / "e2e.sh")
+    for script in ("e2e.sh", "site.sh"):
+        shutil.copy(REPO / "tests/nspawn" / script, payload / script)
     os.chmod(payload, 0o755)
     r = subprocess.run(
         ["bash", str(REPO / "tests/nspawn/harness.sh")],
-        env={**os.environ, "PAYLOAD": str(payload), "TEST_TIMEOUT": "600"},
+        env={**os.environ, "PAYLOAD": str(payload), "TESTS": "e2e.sh site.sh", "TEST_TIMEOUT": "600"},
         capture_output=True,
         text=True,
         timeout=1200,
@@ -59,4 +76,8 @@ def test_bundle_under_a_real_systemd(demo: DemoAssets, tmp_path: Path) -> None:
     print(r.stdout[-6000:])
     failed = [line for line in r.stdout.splitlines() if line.startswith("FAIL")]
     assert r.returncode == 0 and not failed, "\n".join(failed) + "\n" + r.stderr[-3000:]
-    assert sum(line.startswith("PASS") for line in r.stdout.splitlines()) >= 20
+    passed = [line for line in r.stdout.splitlines() if line.startswith("PASS")]
+    assert len(passed) >= 44, f"{len(passed)} checks passed:\n" + "\n".join(passed)
+    for check in ("results over TLS at the backend", "edged push v4", "nothing lost across the broker restart"):
+        assert any(check in line for line in passed), f"no PASS: {check}"
+    assert any("the broker refuses the revoked device" in line for line in passed), "no PASS: a revoked device"

@@ -80,6 +80,106 @@ def _rtsp_refusing() -> socket.socket:
     return srv
 
 
+class _RtspAuthChecker:
+    """An RTSP server on 127.0.0.1 that asks for credentials and checks them as a camera does: the first
+    connection of FFmpeg's is challenged with Basic, the next with Digest (MD5, RFC 2617 without qop, as
+    IP cameras commonly do; edged's own DESCRIBE probe, which brings no credentials, gets Basic). It
+    records, per scheme, whether the credentials FFmpeg sent were exactly `user:password`, then answers
+    404 (it serves no stream), so the daemon reconnects."""
+
+    def __init__(self, user: str, password: str) -> None:
+        self.user, self.password = user, password
+        self.checked: list[tuple[str, bool, str]] = []  # (scheme, right, what was sent)
+        self._connections = 0
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.port = self.srv.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                threading.Thread(target=self._answer, args=(self.srv.accept()[0],), daemon=True).start()
+
+    def _verdict(self, method: str, auth: str) -> tuple[str, bool, str]:
+        import base64
+        import hashlib
+
+        scheme, _, rest = auth.partition(" ")
+        if scheme == "Basic":
+            sent = base64.b64decode(rest).decode("utf-8", "replace")
+            return "Basic", sent == f"{self.user}:{self.password}", sent
+        fields = dict(re.findall(r'(\w+)="?([^",]*)"?', rest))
+
+        def md5(text: str) -> str:
+            return hashlib.md5(text.encode()).hexdigest()
+
+        ha1 = md5(f"{self.user}:x:{self.password}")
+        want = md5(f"{ha1}:{fields.get('nonce')}:{md5(method + ':' + fields.get('uri', ''))}")
+        return "Digest", fields.get("username") == self.user and fields.get("response") == want, rest
+
+    def _answer(self, c: socket.socket) -> None:
+        buf = b""
+        challenge = ""
+        with c, contextlib.suppress(OSError):
+            while data := c.recv(4096):
+                buf += data
+                while b"\r\n\r\n" in buf:
+                    raw, buf = buf.split(b"\r\n\r\n", 1)
+                    lines = raw.decode("utf-8", "replace").split("\r\n")
+                    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+                    cseq = f"CSeq: {headers.get('cseq', '1')}"
+                    auth = headers.get("authorization")
+                    if not challenge:
+                        ffmpeg = headers.get("user-agent") != "edged"
+                        self._connections += ffmpeg
+                        digest = ffmpeg and self._connections % 2 == 0
+                        challenge = f'Digest realm="x", nonce="{uuid.uuid4().hex}"' if digest else 'Basic realm="x"'
+                    if auth is None:
+                        reply = f"RTSP/1.0 401 Unauthorized\r\n{cseq}\r\nWWW-Authenticate: {challenge}\r\n\r\n"
+                    else:
+                        self.checked.append(self._verdict(lines[0].split(" ", 1)[0], auth))
+                        reply = f"RTSP/1.0 404 Not Found\r\n{cseq}\r\n\r\n"
+                    c.sendall(reply.encode())
+
+    def close(self) -> None:
+        self.srv.close()
+
+
+def test_an_rtsp_password_from_a_file_reaches_the_camera_decoded(
+    broker: Broker, subscribe: Any, start_daemon: Any, demo: DemoAssets, tmp_path: Path
+) -> None:
+    """The password from `password_file` is put into the RTSP URI percent-encoded; FFmpeg (through
+    OpenCV) must decode it before it answers the camera's challenge, Basic and Digest alike."""
+    secret = f"pw{uuid.uuid4().hex[:8]}@:/%?#&+ =!"  # each of these is percent-encoded in the URI
+    cam = _RtspAuthChecker("viewer", secret)
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "cam_porch").write_text(secret + "\n")
+    try:
+        cams = [
+            {"name": "lobby", "uri": f"file://{demo.video}", "loop": True},
+            {
+                "name": "porch",
+                "uri": f"rtsp://viewer@127.0.0.1:{cam.port}/cam",
+                "password_file": "${CREDENTIALS_DIRECTORY}/cam_porch",
+                "reconnect_max_s": 1,
+            },
+        ]
+        cfg = write_config(tmp_path / "edged.yaml", base_config(broker, demo, tmp_path, cams))
+        d = start_daemon(cfg, env={"CREDENTIALS_DIRECTORY": str(creds)})
+        wait_until(
+            lambda: {scheme for scheme, _, _ in cam.checked} >= {"Basic", "Digest"},
+            60,
+            f"FFmpeg's answers to a Basic and a Digest challenge (so far {cam.checked})\n" + d.output(),
+        )
+        assert d.stop(signal.SIGTERM) == 0
+    finally:
+        cam.close()
+    wrong = [(scheme, sent) for scheme, right, sent in cam.checked if not right]
+    assert not wrong, f"FFmpeg sent other credentials than viewer:{secret!r}: {wrong}"
+    assert secret not in d.output()
+
+
 def test_camera_credentials_reach_no_log_message_or_output(
     broker: Broker, subscribe: Any, start_daemon: Any, demo: DemoAssets, tmp_path: Path
 ) -> None:

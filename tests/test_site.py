@@ -42,7 +42,8 @@ def make_site(devices: tuple[str, ...] = ("cam-01", "cam-02", "backend")) -> Pat
     the PKI a user makes with `edged certs`: the CA and its empty CRL, the broker's, the clients'."""
     d = Path(tempfile.mkdtemp(prefix="edged-site-"))
     d.chmod(0o755)
-    for args in (["ca"], ["server", "localhost", "127.0.0.1"], *(["device", dev] for dev in devices)):
+    made = (["device", dev] if dev != "backend" else ["backend"] for dev in devices)
+    for args in (["ca"], ["server", "localhost", "127.0.0.1"], *made):
         r = edged_cli("certs", *args, "--dir", str(d / "certs"))
         assert r.returncode == 0, r.stderr
     return d
@@ -63,10 +64,11 @@ def site() -> Iterator[Path]:
 
 class SiteBroker(Broker):
     """mosquitto with the shipped edged.conf and edged.acl; only these lines are rewritten: the
-    listener (a free port on 127.0.0.1), the certificate, CRL and ACL paths, and the persistence folder.
+    listener (a free port on 127.0.0.1), the certificate, CRL and ACL paths. edged.conf is included from
+    conf.d/ of a main config that sets the persistence folder, as Debian's mosquitto.conf does.
     No `user` line: started as root, mosquitto drops to `mosquitto` before it reads the certificates."""
 
-    def __init__(self, workdir: Path, site: Path) -> None:
+    def __init__(self, workdir: Path, site: Path, acl: str | None = None) -> None:
         super().__init__(workdir)
         run = site / f"run-{uuid.uuid4().hex[:8]}"
         (run / "data").mkdir(parents=True)
@@ -74,6 +76,8 @@ class SiteBroker(Broker):
         user = pwd.getpwnam("mosquitto")
         os.chown(run / "data", user.pw_uid, user.pw_gid)
         shutil.copy(SHIPPED / "edged.acl", run / "edged.acl")
+        if acl is not None:  # `edged certs acl --prefix ...` in place of the shipped one
+            (run / "edged.acl").write_text(acl)
         conf = (SHIPPED / "edged.conf").read_text()
         pki = site / "certs"
         for old, new in {
@@ -83,11 +87,14 @@ class SiteBroker(Broker):
             "keyfile /etc/mosquitto/certs/server.key\n": f"keyfile {pki}/server.key\n",
             "crlfile /etc/mosquitto/certs/crl.pem\n": f"crlfile {pki}/crl.pem\n",
             "acl_file /etc/mosquitto/edged.acl\n": f"acl_file {run}/edged.acl\n",
-            "persistence_location /var/lib/mosquitto/\n": f"persistence_location {run}/data/\n",
         }.items():
             assert conf.count(old) == 1, f"the shipped edged.conf no longer has {old!r}: update this test"
             conf = conf.replace(old, new)
-        self.conf.write_text(conf)
+        # laid out as on Debian/Ubuntu: the package's mosquitto.conf (its persistence settings) includes
+        # conf.d/, where docs/operator.md installs edged.conf
+        (run / "conf.d").mkdir()
+        (run / "conf.d" / "edged.conf").write_text(conf)
+        self.conf.write_text(f"persistence true\npersistence_location {run}/data/\ninclude_dir {run}/conf.d\n")
         self.log = workdir / "broker.log"
 
     def start(self) -> None:
@@ -334,6 +341,23 @@ def test_certs_refuses_a_client_name_that_is_no_topic_level_or_a_ca_file(tmp_pat
     assert not (pki / "server.crt").exists() and (pki / "ca.key").stat().st_size > 0
 
 
+def test_the_backend_has_its_own_verb_and_no_device_takes_its_name(tmp_path: Path) -> None:
+    """edged.acl gives the user `backend` every device's topics: `edged certs device backend` would hand
+    those rights to a device, so it is refused and `edged certs backend` issues that certificate."""
+    pki = tmp_path / "pki"
+    certs.make_ca(pki)
+    r = edged_cli("certs", "device", "backend", "--dir", str(pki))
+    assert r.returncode == 1 and "edged certs backend" in r.stderr, r.stderr
+    assert not (pki / "backend.crt").exists()
+    r = edged_cli("certs", "backend", "--dir", str(pki), "--days", "30")
+    assert r.returncode == 0, r.stderr
+    cert = x509.load_pem_x509_certificate((pki / "backend.crt").read_bytes())
+    assert cert.subject.rfc4514_string() == "CN=backend"
+    assert (cert.not_valid_after_utc - cert.not_valid_before_utc).days == 30
+    assert stat.S_IMODE((pki / "backend.key").stat().st_mode) == 0o600
+    assert "user backend\n" in (SHIPPED / "edged.acl").read_text()  # the principal it is for
+
+
 def test_a_broker_key_without_the_mosquitto_group_says_what_to_run(tmp_path: Path) -> None:
     pki = tmp_path / "pki"
     certs.make_ca(pki)
@@ -341,3 +365,40 @@ def test_a_broker_key_without_the_mosquitto_group_says_what_to_run(tmp_path: Pat
     note = certs.share_with_broker(pki / "server.key", group="no-such-group-edged")
     assert "install -m 0640 -g no-such-group-edged server.key /etc/mosquitto/certs/" in note
     assert stat.S_IMODE((pki / "server.key").stat().st_mode) == 0o600
+
+
+def test_the_shipped_acl_is_edged_certs_acl_for_the_default_prefix() -> None:
+    r = edged_cli("certs", "acl")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (SHIPPED / "edged.acl").read_text(), "systemd/mosquitto/edged.acl: run `edged certs acl` > it"
+    for bad in ("", "a/+/b", "x#", "a//b", "backend", "backend/x", "with space"):
+        r = edged_cli("certs", "acl", "--prefix", bad)
+        assert r.returncode == 1 and "cannot be a topic prefix" in r.stderr, (bad, r.stderr)
+
+
+def test_an_acl_for_another_prefix_confines_devices_under_it(site: Path, tmp_path: Path, connect) -> None:
+    """A site whose devices set mqtt.topic_prefix `site7/dock` runs mosquitto with `edged certs acl
+    --prefix site7/dock`: each device writes under it, into no other device's topics, and no longer under
+    `edged/`; the backend reads it all."""
+    r = edged_cli("certs", "acl", "--prefix", "site7/dock")
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "broker").mkdir()
+    b = SiteBroker(tmp_path / "broker", site, acl=r.stdout)
+    b.start()
+    try:
+        backend, seen = connect(b, "backend")
+        subscribed(backend, "site7/dock/#")
+        cam1, got1 = connect(b, "cam-01")
+        subscribed(cam1, "site7/dock/cam-01/cmd/+")
+        assert not acked(cam1, "site7/dock/cam-01/results/lobby", b'{"mine": true}').is_failure
+        assert not acked(cam1, "site7/dock/_push/0123456789abcdef/reply").is_failure
+        assert acked(cam1, "site7/dock/cam-02/results/lobby").value == 0x87
+        assert acked(cam1, "edged/cam-01/results/lobby").value == 0x87  # the shipped prefix is not this site's
+        assert acked(cam1, "site7/dock/cam-01/cmd/status").value == 0x87
+        assert not acked(backend, "site7/dock/cam-01/cmd/status").is_failure
+        assert acked(backend, "site7/dock/cam-01/results/lobby").value == 0x87
+        wait_until(lambda: "site7/dock/cam-01/cmd/status" in topics(got1), 5, "the backend's command at cam-01")
+        wait_until(lambda: "site7/dock/cam-01/results/lobby" in topics(seen), 5, "cam-01's result at the backend")
+        assert [m.payload for m in seen if m.topic == "site7/dock/cam-01/results/lobby"] == [b'{"mine": true}']
+    finally:
+        b.stop()

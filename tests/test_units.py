@@ -50,6 +50,39 @@ def test_units_verify(tmp_path: Path, l4t: str) -> None:
     assert r.returncode == 0 and not problems, r.stderr
 
 
+def test_the_credential_lines_an_operator_uncomments_verify(tmp_path: Path) -> None:
+    """The unit's commented `LoadCredential=` lines (the broker identity, a camera's password), uncommented
+    into a drop-in as an operator does: systemd takes them. (tests/nspawn/site.sh runs the identity lines
+    under a real systemd: the daemon connects with the certificate only they hand it.)"""
+    lines = [
+        line[1:] for line in (UNITS / "edged.service").read_text().splitlines() if line.startswith("#LoadCredential=")
+    ]
+    assert [line.split("=", 1)[1].split(":", 1)[0] for line in lines] == [
+        "tls_ca.crt",
+        "tls_device.crt",
+        "tls_device.key",
+        "cam_door",
+    ]
+    unit = _units_here(tmp_path, "r36")
+    (tmp_path / "edged.service.d" / "credentials.conf").write_text("[Service]\n" + "\n".join(lines) + "\n")
+    man1 = tmp_path / "man" / "man1"
+    man1.mkdir(parents=True)
+    shutil.copy(REPO / "docs" / "edged.1", man1 / "edged.1")
+    r = subprocess.run(
+        [ANALYZE, "verify", str(unit), str(tmp_path / "edged-rollback.service")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "MANPATH": f"{tmp_path / 'man'}:"},
+    )
+    problems = [line for line in r.stderr.splitlines() if "edged" in line]
+    assert r.returncode == 0 and not problems, r.stderr
+    r = subprocess.run(
+        [ANALYZE, "security", "--offline=true", "--no-pager", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    assert "LoadCredential" not in r.stderr, r.stderr
+
+
 def test_security_exposure_at_most_2(tmp_path: Path) -> None:
     unit = _units_here(tmp_path, "r36")
     r = subprocess.run(
