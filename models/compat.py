@@ -9,7 +9,11 @@ that says which fact differs and what to do.
 ``compatibility`` in the manifest of an engine package::
 
     {"tensorrt": "10.3.0", "compute_capability": "8.7", "l4t": "36.4.0", "platform": "aarch64",
-     "version_compatible": false, "hardware_compatibility": "none"}
+     "version_compatible": false, "hardware_compatibility": "none", "dla_core": null}
+
+``hardware_compatibility`` is "none" (this compute capability only), "ampere+" or "same-cc" (TensorRT
+10's same-compute-capability level); ``dla_core`` is the DLA core the engine runs on, checked against the
+cores the device tree enables.
 
 Device facts come from the running TensorRT and CUDA (passed in by the backend) and from files under a
 root folder (``/etc/nv_tegra_release``, ``/proc/device-tree/compatible``), so tests read fixture trees.
@@ -45,6 +49,7 @@ class DeviceFacts:
     tensorrt: str | None = None
     compute_capability: str | None = None
     l4t: str | None = None
+    dla_cores: int | None = None  # None: unknown (not checked)
 
     @classmethod
     def read(
@@ -57,6 +62,7 @@ class DeviceFacts:
             tensorrt=tensorrt,
             compute_capability=compute_capability or tegra_compute_capability(root),
             l4t=l4t_release(root),
+            dla_cores=dla_cores(root),
         )
 
 
@@ -80,6 +86,21 @@ def l4t_release(root: Path = Path("/")) -> str | None:
         return None
     m = _RELEASE.match(first)
     return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def dla_cores(root: Path = Path("/")) -> int:
+    """The enabled DLA cores in the device tree (`nvdla0@…`, `nvdla1@…` with status "okay": two on AGX Orin
+    and Orin NX, none on Orin Nano, where they are disabled); 0 without a device tree (no Jetson, no DLA)."""
+    tree = root / "proc/device-tree"
+    found = 0
+    for node in tree.glob("**/nvdla*"):
+        status = node / "status"
+        try:
+            enabled = not status.exists() or status.read_bytes().rstrip(b"\0") in (b"okay", b"ok")
+        except OSError:
+            continue
+        found += node.is_dir() and enabled
+    return found
 
 
 def tegra_compute_capability(root: Path = Path("/")) -> str | None:
@@ -127,6 +148,10 @@ def mismatches(required: dict[str, Any], facts: DeviceFacts) -> list[str]:
                 out.append(f"built for Ampere or newer, this GPU is compute capability {facts.compute_capability}")
         elif want_cc != facts.compute_capability:
             out.append(f"built for compute capability {want_cc}, this GPU is {facts.compute_capability}")
+    want_dla = required.get("dla_core")
+    if want_dla is not None and facts.dla_cores is not None and int(want_dla) >= facts.dla_cores:
+        cores = f"{facts.dla_cores} DLA core(s)" if facts.dla_cores else "no DLA"
+        out.append(f"built for DLA core {want_dla}, this device has {cores}")
     want_l4t = required.get("l4t")
     if want_l4t and facts.l4t and want_l4t.split(".")[0] != facts.l4t.split(".")[0]:
         out.append(f"built on L4T R{want_l4t}, this device runs R{facts.l4t}")

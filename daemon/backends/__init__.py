@@ -53,13 +53,14 @@ def open_backend(
     """Pick and open a backend. `auto`: TensorRT for engines, ONNX Runtime for ONNX models.
 
     An engine's `compatibility` (from its manifest) is checked against this device before TensorRT
-    deserializes it; `has_onnx` says whether the package carries the ONNX model to rebuild from."""
+    deserializes it; `has_onnx` says whether the package carries the ONNX model to rebuild from. An engine that
+    cannot load here, for whatever reason (no GPU, TensorRT missing or unsupported, incompatible, corrupt, out
+    of memory), raises EngineLoadError (IncompatibleEngine when the manifest already says so)."""
     if kind == "engine":
         if choice == "onnxruntime":
             raise BackendError(f"{model}: a TensorRT engine cannot run on the onnxruntime backend")
-        reason = tensorrt_unavailable_reason()
-        if reason:
-            raise BackendError(f"{model}: {reason}")
+        # no device-node guess here: the backend starts CUDA, and a failure to (no GPU, a driver that does not
+        # start, no tensorrt/pycuda) is an EngineLoadError, so a start rolls the version back, a swap refuses it
         from .tensorrt import TensorRTBackend
 
         logger.info("opening %s on tensorrt (pid %d)", model, os.getpid())
