@@ -96,7 +96,7 @@ def dla_cores(root: Path = Path("/")) -> int:
     for node in tree.glob("**/nvdla*"):
         status = node / "status"
         try:
-            enabled = not status.exists() or status.read_bytes().rstrip(b"\0") in (b"okay", b"ok")
+            enabled = not status.exists() or status.read_bytes().rstrip(b"\0\n") in (b"okay", b"ok")
         except OSError:
             continue
         found += node.is_dir() and enabled
