@@ -10,8 +10,8 @@ PYTHONPATH. tests/test_tensorrt_api.py checks the same code against the real Ten
 from __future__ import annotations
 
 import logging
-import re
 import platform
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.errors import EdgedError, EngineLoadError, InferenceError
+from edged.errors import BackendError, EdgedError, EngineLoadError, InferenceError
 from edged.models.compat import check_engine
 
 from .base import TensorInfo
@@ -46,7 +46,10 @@ class TensorRTBackend:
         compatibility: dict[str, Any],
         has_onnx: bool = False,
         modules: TrtModules | None = None,
+        root: Path = Path("/"),
     ) -> None:
+        """`modules`: tensorrt and pycuda.driver (imported here when None); `root`: where the device's L4T and
+        device-tree files are read from (fixture trees in tests)."""
         m = modules or load_modules(EngineLoadError)
         self._cuda = m.cuda
         self._closed = True  # until everything below is held
@@ -61,7 +64,7 @@ class TensorRTBackend:
         try:
             api = TrtApi(m.trt)
             version = api.version
-            check_engine(compatibility, device_facts(m), str(engine_file), has_onnx)  # before deserializing
+            check_engine(compatibility, device_facts(m, root), str(engine_file), has_onnx)  # before deserializing
             if not engine_file.is_file():
                 raise EngineLoadError(f"{engine_file}: engine file not found")
             plan = engine_file.read_bytes()
@@ -73,8 +76,8 @@ class TensorRTBackend:
                 self._ctx.pop()
         except BaseException as exc:
             self._release()
-            if isinstance(exc, EdgedError) and not isinstance(exc, EngineLoadError):
-                raise EngineLoadError(str(exc), code=exc.code) from exc  # e.g. an unsupported version
+            if isinstance(exc, BackendError) and not isinstance(exc, EngineLoadError):
+                raise EngineLoadError(str(exc)) from exc  # an unsupported TensorRT: this engine cannot load here
             if isinstance(exc, (EdgedError, KeyboardInterrupt, SystemExit)):
                 raise
             raise translate(exc, f"{engine_file}: cannot load the engine", EngineLoadError, version) from exc

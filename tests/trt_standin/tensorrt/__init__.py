@@ -34,6 +34,9 @@ class ILogger:
     def __init__(self) -> None:
         pass
 
+    def log(self, severity: Any, msg: str) -> None:
+        pass
+
 
 class Logger(ILogger):
     def log(self, severity: Any, msg: str) -> None:
