@@ -44,7 +44,6 @@ TRT_API: dict[str, tuple[str, ...]] = {
     "required": (
         "ILogger",
         "ILogger.Severity",
-        "Logger",
         "Builder",
         "Builder.create_network",
         "Builder.create_builder_config",
@@ -52,6 +51,8 @@ TRT_API: dict[str, tuple[str, ...]] = {
         "Builder.build_serialized_network",
         "Builder.num_DLA_cores",
         "NetworkDefinitionCreationFlag",
+        "BuilderFlag",
+        "HardwareCompatibilityLevel",
         "OnnxParser",
         "OnnxParser.parse_from_file",
         "OnnxParser.num_errors",
@@ -91,7 +92,6 @@ TRT_API: dict[str, tuple[str, ...]] = {
     ),
     "optional": (
         "NetworkDefinitionCreationFlag.EXPLICIT_BATCH",  # 8.6 needs it; gone in 11
-        "NetworkDefinitionCreationFlag.STRONGLY_TYPED",  # 10.0+
         "BuilderFlag.FP16",  # gone in 11
         "BuilderFlag.INT8",  # gone in 11
         "IBuilderConfig.int8_calibrator",  # gone in 11

@@ -197,23 +197,23 @@ def cached_engine(
         while chunk := f.read(1 << 20):
             h.update(chunk)
     key = f"{h.hexdigest()[:16]}-trt{facts.tensorrt}-sm{facts.compute_capability}-{precision}-b{input_shape[0]}"
-    engine = cache_dir / f"{key}.engine"
+    plan_file = cache_dir / f"{key}.engine"
     compatibility = {
         "tensorrt": facts.tensorrt,
         "compute_capability": facts.compute_capability,
         "l4t": facts.l4t,
         "platform": facts.platform,
     }
-    if engine.is_file():
-        return engine, compatibility
+    if plan_file.is_file():
+        return plan_file, compatibility
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = engine.with_suffix(".partial")
+    tmp = plan_file.with_suffix(".partial")
     build_engine(onnx_file, tmp, input_name, input_shape, precision, progress=progress, modules=m)
-    tmp.replace(engine)  # a crash mid-build leaves a .partial, never a truncated .engine
-    return engine, compatibility
+    tmp.replace(plan_file)  # a crash mid-build leaves a .partial, never a truncated .engine
+    return plan_file, compatibility
 
 
-def _entropy_calibrator(trt: Any, cuda: Any, batches: list[np.ndarray], cache: Path | None) -> Any:
+def _entropy_calibrator(trt: Any, cuda: Any, batches: list[np.ndarray], cache_file: Path | None) -> Any:
     class Calibrator(trt.IInt8EntropyCalibrator2):  # type: ignore[misc]
         def __init__(self) -> None:
             trt.IInt8EntropyCalibrator2.__init__(self)
@@ -231,11 +231,11 @@ def _entropy_calibrator(trt: Any, cuda: Any, batches: list[np.ndarray], cache: P
             return [int(self._device)]
 
         def read_calibration_cache(self) -> bytes | None:
-            return cache.read_bytes() if cache and cache.is_file() else None
+            return cache_file.read_bytes() if cache_file and cache_file.is_file() else None
 
         def write_calibration_cache(self, data: Any) -> None:
-            if cache:
-                cache.write_bytes(bytes(data))
+            if cache_file:
+                cache_file.write_bytes(bytes(data))
 
     return Calibrator()
 
