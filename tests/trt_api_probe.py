@@ -7,16 +7,15 @@ An API check, not an execution test: nothing is built or run on a GPU."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-import tensorrt_bindings
-
-sys.modules["tensorrt"] = tensorrt_bindings  # what `import tensorrt` gives once the metapackage is installed
-trt: Any = tensorrt_bindings
+trt: Any = importlib.import_module("tensorrt_bindings")
+sys.modules["tensorrt"] = trt  # what `import tensorrt` gives once the metapackage is installed
 
 from edged.daemon.backends.tensorrt import TensorRTBackend  # noqa: E402
 from edged.daemon.backends.trt_api import TRT_API, TrtApi, TrtModules  # noqa: E402
