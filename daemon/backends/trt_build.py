@@ -242,7 +242,9 @@ def _entropy_calibrator(trt: Any, cuda: Any, batches: list[np.ndarray], cache_fi
 
 def _progress_monitor(trt: Any, say: Callable[[str], None]) -> Any:
     class Monitor(trt.IProgressMonitor):  # type: ignore[misc]
-        """Top-level phases and their steps, at most one line every 2 s (TensorRT calls from many threads)."""
+        """Every phase's steps, nested ones too, at most one line every 2 s (TensorRT calls from many threads).
+        A line means progress: the daemon extends systemd's start timeout on each, so a long nested phase
+        (tactic timing) does not look like a hung start."""
 
         def __init__(self) -> None:
             trt.IProgressMonitor.__init__(self)
@@ -250,8 +252,8 @@ def _progress_monitor(trt: Any, say: Callable[[str], None]) -> Any:
             self._last = 0.0
 
         def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+            self._steps[phase_name] = num_steps
             if parent_phase is None:
-                self._steps[phase_name] = num_steps
                 say(f"tensorrt: {phase_name}")
 
         def step_complete(self, phase_name: str, step: int) -> bool:
