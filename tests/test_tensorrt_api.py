@@ -7,7 +7,8 @@ what libnvinfer does when CUDA cannot start). tests/trt_api_probe.py then report
 
 - which names of the surface the backend and builder declare (trt_api.TRT_API) exist: every `required`
   one must, in every version; an `optional` one is only touched where the version adapter looked first;
-- that TrtApi accepts the version and spells its network flags;
+- that TrtApi accepts the version and spells its network flags, and edged's Python subclasses of
+  TensorRT's interfaces (logger, progress monitor, calibrator) build on the real base classes;
 - what the backend and the builder raise at their first native call (trt.Runtime / trt.Builder returning
   nullptr): edged's EngineLoadError / BackendError with the reason, never an untranslated exception.
 
@@ -127,6 +128,9 @@ def problems(report: dict[str, Any]) -> list[str]:
     out = [f"{name} is missing" for name in TRT_API["required"] if not report["surface"][name]]
     if "error" in report["adapter"]:
         out.append(f"the adapter refuses it: {report['adapter']['error']}")
+    for kind, result in report["subclasses"].items():
+        if result not in ("no error", "absent"):
+            out.append(f"edged's {kind} subclass: {result}")
     for step in ("load", "build_fp16", "build_fp32"):
         if not report[step].startswith(("EngineLoadError", "BackendError")):
             out.append(f"{step}: {report[step]}")
@@ -145,6 +149,8 @@ def check_version(label: str, tmp: Path, onnx: Path) -> dict[str, Any]:
     else:
         assert not report["adapter"]["strongly_typed"] and "TensorRT could not start" in report["build_fp16"]
     assert report["adapter"]["network_flags"] == (1 if major == 8 else 0)  # 8.6: EXPLICIT_BATCH
+    assert report["subclasses"]["monitor"] == ("absent" if major == 8 else "no error")  # 10.0+
+    assert report["subclasses"]["calibrator"] == ("absent" if major >= 11 else "no error")
     return report
 
 

@@ -19,7 +19,12 @@ sys.modules["tensorrt"] = trt  # what `import tensorrt` gives once the metapacka
 
 from edged.daemon.backends.tensorrt import TensorRTBackend  # noqa: E402
 from edged.daemon.backends.trt_api import TRT_API, TrtApi, TrtModules  # noqa: E402
-from edged.daemon.backends.trt_build import build_engine  # noqa: E402
+from edged.daemon.backends.trt_build import (  # noqa: E402
+    _entropy_calibrator,
+    _progress_monitor,
+    build_engine,
+    make_logger,
+)
 from edged.errors import EdgedError  # noqa: E402
 from tests.trt_standin.pycuda import driver as cuda  # noqa: E402  (CUDA itself "starts"; TensorRT cannot)
 
@@ -61,6 +66,16 @@ def main() -> None:
         report["adapter"] = {"network_flags": api.network_flags(), "strongly_typed": api.strongly_typed}
     except Exception as exc:
         report["adapter"] = {"error": f"{type(exc).__name__}: {exc}"}
+    # edged's Python subclasses of TensorRT's interfaces, built on the real base classes (no native call)
+    report["subclasses"] = {
+        "logger": outcome(lambda: make_logger(trt).log(trt.ILogger.Severity.WARNING, "probe")),
+        "monitor": outcome(lambda: _progress_monitor(trt, print).phase_start("probe", None, 1))
+        if hasattr(trt, "IProgressMonitor")
+        else "absent",
+        "calibrator": outcome(lambda: _entropy_calibrator(trt, cuda, [], None).get_batch(["input"]))
+        if hasattr(trt, "IInt8EntropyCalibrator2")
+        else "absent",
+    }
     report["load"] = outcome(lambda: TensorRTBackend(plan, {"tensorrt": str(trt.__version__)}, modules=modules))
     shape = (4, 256, 256, 3)
     report["build_fp16"] = outcome(lambda: build_engine(onnx_fp32, tmp / "a", "input", shape, "fp16", modules=modules))
