@@ -36,6 +36,10 @@ TEGRA_COMPUTE_CAPABILITY = {
     "nvidia,tegra194": "7.2",  # Xavier NX / AGX Xavier
     "nvidia,tegra234": "8.7",  # Orin Nano / NX / AGX Orin
 }
+# The TensorRT versions edged runs: 8.6 (JetPack 6.0) to 11.x (daemon/backends/trt_api.py spells each).
+TENSORRT_MIN = (8, 6)
+TENSORRT_MAX_MAJOR = 11
+TENSORRT_SUPPORTED = "8.6 (JetPack 6.0) to 11.x"
 _RELEASE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
 
 
@@ -119,6 +123,17 @@ def _version(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", v)[:3])
 
 
+def unsupported_tensorrt(version: str) -> str | None:
+    """Why edged cannot run this TensorRT version, or None when it can."""
+    v = _version(version)
+    if len(v) >= 2 and v[:2] >= TENSORRT_MIN and v[0] <= TENSORRT_MAX_MAJOR:
+        return None
+    return (
+        f"TensorRT {version} is not supported: edged runs TensorRT {TENSORRT_SUPPORTED} "
+        "(JetPack 5's TensorRT 8.5 and Python 3.8 cannot run edged; flash JetPack 6)"
+    )
+
+
 def mismatches(required: dict[str, Any], facts: DeviceFacts) -> list[str]:
     """Every way the engine described by `required` cannot run on `facts`, in words; empty if it can."""
     out = []
@@ -126,7 +141,9 @@ def mismatches(required: dict[str, Any], facts: DeviceFacts) -> list[str]:
     if want_platform and want_platform != facts.platform:
         out.append(f"built for {want_platform}, this device is {facts.platform}")
     want_trt = required.get("tensorrt")
+    refused = unsupported_tensorrt(facts.tensorrt) if want_trt and facts.tensorrt else None
     if want_trt:
+        before = len(out)
         if facts.tensorrt is None:
             out.append(f"needs TensorRT {want_trt}, none is installed here")
         elif required.get("version_compatible"):
@@ -138,6 +155,10 @@ def mismatches(required: dict[str, Any], facts: DeviceFacts) -> list[str]:
                 )
         elif _version(facts.tensorrt) != _version(want_trt):
             out.append(f"built with TensorRT {want_trt}, this device has {facts.tensorrt}")
+        if refused and len(out) > before:  # the version differs, and edged cannot run this device's anyway
+            out[-1] += f" ({refused})"
+        elif refused:
+            out.append(f"this device's {refused}")
     want_cc = required.get("compute_capability")
     if want_cc:
         hw = required.get("hardware_compatibility", "none")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edged.errors import BackendError
+from edged.models.compat import unsupported_tensorrt
 
 from .base import Backend, TensorInfo
 from .onnxruntime import OnnxRuntimeBackend
@@ -33,9 +34,12 @@ logger = logging.getLogger(__name__)
 def tensorrt_unavailable_reason() -> str | None:
     """Why the TensorRT backend cannot run here, or None when tensorrt imports and a GPU is visible."""
     try:
-        import tensorrt  # noqa: F401
+        import tensorrt
     except ImportError as exc:
         return f"tensorrt backend unavailable: {exc}"
+    refused = unsupported_tensorrt(str(getattr(tensorrt, "__version__", "unknown")))
+    if refused:
+        return f"tensorrt backend unavailable: {refused}"
     if not any(Path(p).exists() for p in ("/dev/nvidia0", "/dev/nvhost-gpu", "/dev/nvgpu/igpu0/ctrl")):
         return "tensorrt backend unavailable: no NVIDIA GPU device node"
     return None

@@ -30,14 +30,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edged.errors import BackendError
-from edged.models.compat import DeviceFacts
+from edged.models.compat import DeviceFacts, unsupported_tensorrt
 
 logger = logging.getLogger(__name__)
 
 Precision = Literal["fp16", "int8", "fp32"]
-MIN_VERSION = (8, 6)
-MAX_MAJOR = 11
-SUPPORTED = "8.6 (JetPack 6.0) to 11.x"
 
 # Every TensorRT name the backend and builder touch: "Class.member" or a module-level "name".
 TRT_API: dict[str, tuple[str, ...]] = {
@@ -175,13 +172,10 @@ class TrtApi:
     def __init__(self, trt: Any) -> None:
         self.trt = trt
         self.version = str(getattr(trt, "__version__", "unknown"))
-        v = parse_version(self.version)
-        if len(v) < 2 or v[:2] < MIN_VERSION or v[0] > MAX_MAJOR:
-            raise BackendError(
-                f"TensorRT {self.version} is not supported: edged runs TensorRT {SUPPORTED} "
-                "(JetPack 5's TensorRT 8.5 and Python 3.8 cannot run edged; flash JetPack 6)"
-            )
-        self.major_minor = v[:2]
+        refused = unsupported_tensorrt(self.version)
+        if refused:
+            raise BackendError(refused)
+        self.major_minor = parse_version(self.version)[:2]
         # weak typing (precision builder flags) exists until 10.x; 11 builds only strongly typed networks
         self.strongly_typed = not hasattr(trt.BuilderFlag, "FP16")
 
