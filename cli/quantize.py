@@ -79,7 +79,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     be.add_argument("model", type=Path, help="a model package (folder or tar), or an .onnx file with --spec")
     be.add_argument("--spec", type=Path, help="manifest giving input spec, decoder and labels for a bare .onnx")
     be.add_argument("--out", type=Path, required=True, help="folder for the engine package (must not exist)")
-    be.add_argument("--precision", choices=("fp16", "int8", "fp32"), help="default: int8 for QDQ models, else fp16")
+    be.add_argument(
+        "--precision",
+        choices=("fp16", "int8", "fp32"),
+        help="default: int8 for QDQ models, else fp16 (TensorRT 11: the model's own precision)",
+    )
     be.add_argument("--workspace-mb", type=int, default=1024, help="builder workspace pool limit (1024)")
     be.add_argument("--timing-cache", type=Path, help="read and update this timing cache (faster rebuilds)")
     be.add_argument(

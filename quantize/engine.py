@@ -50,8 +50,10 @@ def build_engine_package(
         tmp = Path(tmp_dir)
         src = load_source(model, spec, tmp)
         m = src.manifest
+        # what the user asked, else what the build would pick on TensorRT 8.6-10.x (on 11 the model's own,
+        # which build_engine resolves); calibration needs an explicit int8 for a float model
         chosen: Precision = precision or ("int8" if m.precision == "int8" else "fp16")
-        if dla_core is not None and chosen == "fp32":
+        if dla_core is not None and precision == "fp32":
             raise QuantizeError(
                 f"{model}: DLA runs fp16 or int8 only (trtexec forces fp16 there): use --precision fp16"
             )
@@ -69,7 +71,7 @@ def build_engine_package(
             engine,
             m.input.name,
             tuple(m.input.shape),
-            chosen,
+            precision,
             workspace_mb,
             timing_cache,
             dla_core,
@@ -88,7 +90,7 @@ def build_engine_package(
             kind="engine",
             model_file="model.engine",
             labels_file="labels.txt",
-            precision=chosen,
+            precision=built.precision,
             compatibility={
                 "tensorrt": built.tensorrt,
                 "compute_capability": built.compute_capability,

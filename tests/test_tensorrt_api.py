@@ -131,7 +131,7 @@ def problems(report: dict[str, Any]) -> list[str]:
     for kind, result in report["subclasses"].items():
         if result not in ("no error", "absent"):
             out.append(f"edged's {kind} subclass: {result}")
-    for step in ("load", "build_fp16", "build_fp32"):
+    for step in ("load", "build_fp16", "build_fp32", "build_default"):
         if not report[step].startswith(("EngineLoadError", "BackendError")):
             out.append(f"{step}: {report[step]}")
     return out
@@ -144,6 +144,7 @@ def check_version(label: str, tmp: Path, onnx: Path) -> dict[str, Any]:
     # the first native call, turned into edged's error with the reason
     assert "TensorRT could not start" in report["load"], report["load"]
     assert "TensorRT could not start" in report["build_fp32"], report["build_fp32"]
+    assert "TensorRT could not start" in report["build_default"], report["build_default"]  # 11: the model's fp32
     if major >= 11:  # strongly typed: fp16 from an fp32 model is refused before any native call
         assert report["adapter"]["strongly_typed"] and "builds strongly typed networks" in report["build_fp16"]
     else:

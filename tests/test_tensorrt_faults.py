@@ -112,6 +112,9 @@ def test_the_version_adapter_spells_each_version() -> None:
     eleven = TrtApi(fake_trt("11.4.0", weak_typing=False))
     assert eleven.strongly_typed and eleven.network_flags() == 0
     eleven.check_precision("fp16", "fp16", dla=False, calibrate=False)  # an fp16 model builds fp16
+    assert [eleven.default_precision(m) for m in ("fp32", "fp16", "int8")] == ["fp32", "fp16", "int8"]
+    ten = TrtApi(fake_trt("10.3.0"))
+    assert [ten.default_precision(m) for m in ("fp32", "fp16", "int8")] == ["fp16", "fp16", "int8"]
     with pytest.raises(BackendError, match=r"strongly typed.*which is fp32, not fp16.*edged quantize --precision fp16"):
         eleven.check_precision("fp16", "fp32", dla=False, calibrate=False)
     with pytest.raises(BackendError, match=r"which is fp32, not int8.*--target tensorrt"):

@@ -79,6 +79,7 @@ def main() -> None:
     report["load"] = outcome(lambda: TensorRTBackend(plan, {"tensorrt": str(trt.__version__)}, modules=modules))
     shape = (4, 256, 256, 3)
     report["build_fp16"] = outcome(lambda: build_engine(onnx_fp32, tmp / "a", "input", shape, "fp16", modules=modules))
+    report["build_default"] = outcome(lambda: build_engine(onnx_fp32, tmp / "c", "input", shape, modules=modules))
     report["build_fp32"] = outcome(lambda: build_engine(onnx_fp32, tmp / "b", "input", shape, "fp32", modules=modules))
     print(json.dumps(report))
 

@@ -186,6 +186,13 @@ class TrtApi:
             return 1 << int(flags.EXPLICIT_BATCH)  # 8.6: 0 would make an implicit-batch network
         return 0  # explicit batch is the only mode; 11 is strongly typed without a flag
 
+    def default_precision(self, model: Precision) -> Precision:
+        """What a build without an explicit precision makes: the model's own on 11 (strongly typed), else int8
+        for a Q/DQ model and fp16 for a float one."""
+        if self.strongly_typed:
+            return model
+        return "int8" if model == "int8" else "fp16"
+
     def check_precision(self, precision: Precision, model: Precision, dla: bool, calibrate: bool) -> None:
         """Refuse, with the reason, a precision this TensorRT cannot give this model."""
         if dla and precision == "fp32":

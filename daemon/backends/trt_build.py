@@ -59,6 +59,7 @@ class BuiltEngine:
     compute_capability: str
     device_memory_bytes: int  # the context's scratch memory plus the weights (the plan's size)
     seconds: float
+    precision: Precision
 
 
 def build_engine(
@@ -66,7 +67,7 @@ def build_engine(
     out: Path,
     input_name: str,
     input_shape: tuple[int, ...],
-    precision: Precision = "fp16",
+    precision: Precision | None = None,
     workspace_mb: int = 1024,
     timing_cache: Path | None = None,
     dla_core: int | None = None,
@@ -81,14 +82,17 @@ def build_engine(
     INT8 takes the explicit scales of a QDQ model (`edged quantize --target tensorrt`). For a float
     model, and only as a fallback on TensorRT 8.6-10.x, `calibration` batches (preprocessed as the daemon
     does) drive TensorRT's entropy calibrator, whose scales are kept in `calibration_cache`. TensorRT 11
-    takes the precision from the model (strongly typed): a precision the model does not carry is refused."""
+    takes the precision from the model (strongly typed): a precision the model does not carry is refused.
+    `precision` None: `TrtApi.default_precision` (the model's own on 11, else int8 for Q/DQ, fp16)."""
     m = modules or load_modules()
     version: str | None = None
     try:
         api = TrtApi(m.trt)
         version = api.version
+        carried = onnx_precision(onnx_file)
+        precision = precision or api.default_precision(carried)
         calibrate = precision == "int8" and bool(calibration or (calibration_cache and calibration_cache.is_file()))
-        api.check_precision(precision, onnx_precision(onnx_file), dla_core is not None, calibrate)
+        api.check_precision(precision, carried, dla_core is not None, calibrate)
         opts = options or BuilderOptions()
         if dla_core is not None and opts.hardware_compatibility != "none":
             raise BackendError("a DLA engine cannot be hardware-compatible: drop --hardware-compatibility")
@@ -171,7 +175,7 @@ def _build(
     finally:
         ctx.pop()
         ctx.detach()
-    return BuiltEngine(out, api.version, f"{major}.{minor}", memory, time.monotonic() - start)
+    return BuiltEngine(out, api.version, f"{major}.{minor}", memory, time.monotonic() - start, precision)
 
 
 def cached_engine(
