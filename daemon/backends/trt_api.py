@@ -122,11 +122,13 @@ def load_modules(error: type[BackendError] = BackendError) -> TrtModules:
     return TrtModules(trt, cuda)
 
 
-def device_facts(modules: TrtModules, root: Path = Path("/")) -> DeviceFacts:
-    """This machine's TensorRT version and GPU compute capability (CUDA must start), plus the L4T files."""
-    modules.cuda.init()
-    major, minor = modules.cuda.Device(0).compute_capability()
-    return DeviceFacts.read(root, tensorrt=str(modules.trt.__version__), compute_capability=f"{major}.{minor}")
+def device_facts(modules: TrtModules | None = None, root: Path = Path("/")) -> DeviceFacts:
+    """This machine's TensorRT version and GPU compute capability (CUDA must start), plus the L4T and
+    device-tree files under `root`. `modules`: tensorrt and pycuda.driver, imported when None."""
+    m = modules or load_modules()
+    m.cuda.init()
+    major, minor = m.cuda.Device(0).compute_capability()
+    return DeviceFacts.read(root, tensorrt=str(m.trt.__version__), compute_capability=f"{major}.{minor}")
 
 
 def parse_version(text: str) -> tuple[int, ...]:
