@@ -79,10 +79,38 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     be.add_argument("model", type=Path, help="a model package (folder or tar), or an .onnx file with --spec")
     be.add_argument("--spec", type=Path, help="manifest giving input spec, decoder and labels for a bare .onnx")
     be.add_argument("--out", type=Path, required=True, help="folder for the engine package (must not exist)")
-    be.add_argument("--precision", choices=("fp16", "int8", "fp32"), help="default: int8 for QDQ models, else fp16")
+    be.add_argument(
+        "--precision",
+        choices=("fp16", "int8", "fp32"),
+        help="default: int8 for QDQ models, else fp16 (TensorRT 11: the model's own precision)",
+    )
     be.add_argument("--workspace-mb", type=int, default=1024, help="builder workspace pool limit (1024)")
     be.add_argument("--timing-cache", type=Path, help="read and update this timing cache (faster rebuilds)")
-    be.add_argument("--dla-core", type=int, help="build for this DLA core, with GPU fallback")
+    be.add_argument(
+        "--dla-core", type=int, help="build for this DLA core, with GPU fallback (fp16 or int8 only; AGX and NX Orin)"
+    )
+    be.add_argument(
+        "--opt-level",
+        type=int,
+        choices=range(6),
+        metavar="0-5",
+        help="builder optimization level, as trtexec's --builderOptimizationLevel (TensorRT's default 3)",
+    )
+    be.add_argument(
+        "--version-compatible",
+        action="store_true",
+        help="the engine also runs on newer TensorRT of the same major version (trtexec --versionCompatible)",
+    )
+    be.add_argument(
+        "--hardware-compatibility",
+        choices=("none", "ampere+", "same-cc"),
+        default="none",
+        help="the GPUs the engine runs on: this compute capability (none, default), any Ampere or newer "
+        "(ampere+), or the same compute capability on another GPU (same-cc, TensorRT 10)",
+    )
+    be.add_argument(
+        "--sparsity", action="store_true", help="use 2:4 structured-sparse weights where found (trtexec --sparsity)"
+    )
     be.add_argument("--no-onnx", action="store_true", help="do not carry the ONNX model in the package")
     be.add_argument(
         "--calib",
@@ -146,8 +174,15 @@ def _build_engine(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    from edged.daemon.backends.trt_build import BuilderOptions
     from edged.quantize.engine import build_engine_package
 
+    options = BuilderOptions(
+        optimization_level=args.opt_level,
+        version_compatible=args.version_compatible,
+        hardware_compatibility=args.hardware_compatibility,
+        sparsity=args.sparsity,
+    )
     pkg = build_engine_package(
         args.model,
         args.out,
@@ -158,6 +193,7 @@ def _build_engine(args: argparse.Namespace) -> int:
         dla_core=args.dla_core,
         carry_onnx=not args.no_onnx,
         calib=args.calib,
+        options=options,
         progress=lambda m: print(f"build-engine: {m}", file=sys.stderr, flush=True),
     )
     c = pkg.manifest.compatibility

@@ -9,7 +9,11 @@ that says which fact differs and what to do.
 ``compatibility`` in the manifest of an engine package::
 
     {"tensorrt": "10.3.0", "compute_capability": "8.7", "l4t": "36.4.0", "platform": "aarch64",
-     "version_compatible": false, "hardware_compatibility": "none"}
+     "version_compatible": false, "hardware_compatibility": "none", "dla_core": null}
+
+``hardware_compatibility`` is "none" (this compute capability only), "ampere+" or "same-cc" (TensorRT
+10's same-compute-capability level); ``dla_core`` is the DLA core the engine runs on, checked against the
+cores the device tree enables.
 
 Device facts come from the running TensorRT and CUDA (passed in by the backend) and from files under a
 root folder (``/etc/nv_tegra_release``, ``/proc/device-tree/compatible``), so tests read fixture trees.
@@ -32,6 +36,10 @@ TEGRA_COMPUTE_CAPABILITY = {
     "nvidia,tegra194": "7.2",  # Xavier NX / AGX Xavier
     "nvidia,tegra234": "8.7",  # Orin Nano / NX / AGX Orin
 }
+# The TensorRT versions edged runs: 8.6 (JetPack 6.0) to 11.x (daemon/backends/trt_api.py spells each).
+TENSORRT_MIN = (8, 6)
+TENSORRT_MAX_MAJOR = 11
+TENSORRT_SUPPORTED = "8.6 (JetPack 6.0) to 11.x"
 _RELEASE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
 
 
@@ -45,6 +53,7 @@ class DeviceFacts:
     tensorrt: str | None = None
     compute_capability: str | None = None
     l4t: str | None = None
+    dla_cores: int | None = None  # None: unknown (not checked)
 
     @classmethod
     def read(
@@ -57,6 +66,7 @@ class DeviceFacts:
             tensorrt=tensorrt,
             compute_capability=compute_capability or tegra_compute_capability(root),
             l4t=l4t_release(root),
+            dla_cores=dla_cores(root),
         )
 
 
@@ -82,6 +92,21 @@ def l4t_release(root: Path = Path("/")) -> str | None:
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
+def dla_cores(root: Path = Path("/")) -> int:
+    """The enabled DLA cores in the device tree (`nvdla0@…`, `nvdla1@…` with status "okay": two on AGX Orin
+    and Orin NX, none on Orin Nano, where they are disabled); 0 without a device tree (no Jetson, no DLA)."""
+    tree = root / "proc/device-tree"
+    found = 0
+    for node in tree.glob("**/nvdla*"):
+        status = node / "status"
+        try:
+            enabled = not status.exists() or status.read_bytes().rstrip(b"\0\n") in (b"okay", b"ok")
+        except OSError:
+            continue
+        found += node.is_dir() and enabled
+    return found
+
+
 def tegra_compute_capability(root: Path = Path("/")) -> str | None:
     try:
         compatible = (root / "proc/device-tree/compatible").read_bytes().split(b"\0")
@@ -98,6 +123,17 @@ def _version(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", v)[:3])
 
 
+def unsupported_tensorrt(version: str) -> str | None:
+    """Why edged cannot run this TensorRT version, or None when it can."""
+    v = _version(version)
+    if len(v) >= 2 and v[:2] >= TENSORRT_MIN and v[0] <= TENSORRT_MAX_MAJOR:
+        return None
+    return (
+        f"TensorRT {version} is not supported: edged runs TensorRT {TENSORRT_SUPPORTED} "
+        "(JetPack 5's TensorRT 8.5 and Python 3.8 cannot run edged; flash JetPack 6)"
+    )
+
+
 def mismatches(required: dict[str, Any], facts: DeviceFacts) -> list[str]:
     """Every way the engine described by `required` cannot run on `facts`, in words; empty if it can."""
     out = []
@@ -105,7 +141,9 @@ def mismatches(required: dict[str, Any], facts: DeviceFacts) -> list[str]:
     if want_platform and want_platform != facts.platform:
         out.append(f"built for {want_platform}, this device is {facts.platform}")
     want_trt = required.get("tensorrt")
+    refused = unsupported_tensorrt(facts.tensorrt) if want_trt and facts.tensorrt else None
     if want_trt:
+        before = len(out)
         if facts.tensorrt is None:
             out.append(f"needs TensorRT {want_trt}, none is installed here")
         elif required.get("version_compatible"):
@@ -117,6 +155,10 @@ def mismatches(required: dict[str, Any], facts: DeviceFacts) -> list[str]:
                 )
         elif _version(facts.tensorrt) != _version(want_trt):
             out.append(f"built with TensorRT {want_trt}, this device has {facts.tensorrt}")
+        if refused and len(out) > before:  # the version differs, and edged cannot run this device's anyway
+            out[-1] += f" ({refused})"
+        elif refused:
+            out.append(f"this device's {refused}")
     want_cc = required.get("compute_capability")
     if want_cc:
         hw = required.get("hardware_compatibility", "none")
@@ -127,6 +169,10 @@ def mismatches(required: dict[str, Any], facts: DeviceFacts) -> list[str]:
                 out.append(f"built for Ampere or newer, this GPU is compute capability {facts.compute_capability}")
         elif want_cc != facts.compute_capability:
             out.append(f"built for compute capability {want_cc}, this GPU is {facts.compute_capability}")
+    want_dla = required.get("dla_core")
+    if want_dla is not None and facts.dla_cores is not None and int(want_dla) >= facts.dla_cores:
+        cores = f"{facts.dla_cores} DLA core(s)" if facts.dla_cores else "no DLA"
+        out.append(f"built for DLA core {want_dla}, this device has {cores}")
     want_l4t = required.get("l4t")
     if want_l4t and facts.l4t and want_l4t.split(".")[0] != facts.l4t.split(".")[0]:
         out.append(f"built on L4T R{want_l4t}, this device runs R{facts.l4t}")

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from edged.daemon.backends.tensorrt import Precision, build_engine
+from edged.daemon.backends.trt_build import BuilderOptions, Precision, build_engine
 from edged.errors import QuantizeError
 from edged.models.compat import l4t_release
 from edged.models.package import Package, publish_package, sha256_file
@@ -38,14 +38,25 @@ def build_engine_package(
     carry_onnx: bool = True,
     calib: Path | None = None,
     calib_frames: int = 64,
+    options: BuilderOptions | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Package:
+    """`options`: trtexec's builder options (optimization level, version-compatible, hardware-compatibility
+    level, sparsity), recorded in the manifest: the compatibility they give under `compatibility`, all of
+    them under `source.builder`."""
+    opts = options or BuilderOptions()
     ensure_empty(out)
     with tempfile.TemporaryDirectory(prefix="edged-engine-") as tmp_dir:
         tmp = Path(tmp_dir)
         src = load_source(model, spec, tmp)
         m = src.manifest
+        # what the user asked, else what the build would pick on TensorRT 8.6-10.x (on 11 the model's own,
+        # which build_engine resolves); calibration needs an explicit int8 for a float model
         chosen: Precision = precision or ("int8" if m.precision == "int8" else "fp16")
+        if dla_core is not None and precision == "fp32":
+            raise QuantizeError(
+                f"{model}: DLA runs fp16 or int8 only (trtexec forces fp16 there): use --precision fp16"
+            )
         batches = None
         if chosen == "int8" and m.precision != "int8":
             if calib is None:
@@ -60,13 +71,14 @@ def build_engine_package(
             engine,
             m.input.name,
             tuple(m.input.shape),
-            chosen,
+            precision,
             workspace_mb,
             timing_cache,
             dla_core,
             progress,
             calibration=batches,
             calibration_cache=out.with_name(out.name + ".calib-cache") if batches else None,
+            options=opts,
         )
         (tmp / "labels.txt").write_text("\n".join(m.labels) + "\n")
         files = {"model.engine": engine, "labels.txt": tmp / "labels.txt"}
@@ -78,19 +90,24 @@ def build_engine_package(
             kind="engine",
             model_file="model.engine",
             labels_file="labels.txt",
-            precision=chosen,
+            precision=built.precision,
             compatibility={
                 "tensorrt": built.tensorrt,
                 "compute_capability": built.compute_capability,
                 "l4t": l4t_release(),
                 "platform": platform.machine(),
-                "version_compatible": False,
-                "hardware_compatibility": "none",
+                "version_compatible": opts.version_compatible,
+                "hardware_compatibility": opts.hardware_compatibility,
                 "batch": m.input.batch,
                 "device_memory_bytes": built.device_memory_bytes,
                 "dla_core": dla_core,
             },
-            source={**m.source, "onnx_sha256": sha256_file(src.model), "build_seconds": round(built.seconds, 1)},
+            source={
+                **m.source,
+                "onnx_sha256": sha256_file(src.model),
+                "build_seconds": round(built.seconds, 1),
+                "builder": {**opts.record(), "workspace_mb": workspace_mb},
+            },
         )
         pkg = publish_package(out, fields, files)
     return pkg

@@ -7,7 +7,9 @@ backend, and a missing one is reported with its reason.
 
     base.py         the Backend protocol, TensorInfo
     onnxruntime.py  ONNX Runtime (CPU; CUDA / TensorRT execution providers where installed)
-    tensorrt.py     TensorRT engines, and the engine builder (tensorrt and pycuda imported inside)
+    tensorrt.py     TensorRT engines (tensorrt and pycuda imported inside)
+    trt_build.py    the TensorRT engine builder (`edged build-engine`, model.build_on_device)
+    trt_api.py      the one TensorRT version adapter (8.6 to 11.x) and the translation of native failures
 
 ``open_backend`` picks one for a model file; ``tensorrt_unavailable_reason`` says why TensorRT cannot
 run here.
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edged.errors import BackendError
+from edged.models.compat import unsupported_tensorrt
 
 from .base import Backend, TensorInfo
 from .onnxruntime import OnnxRuntimeBackend
@@ -33,9 +36,12 @@ logger = logging.getLogger(__name__)
 def tensorrt_unavailable_reason() -> str | None:
     """Why the TensorRT backend cannot run here, or None when tensorrt imports and a GPU is visible."""
     try:
-        import tensorrt  # noqa: F401
+        import tensorrt
     except ImportError as exc:
         return f"tensorrt backend unavailable: {exc}"
+    refused = unsupported_tensorrt(str(getattr(tensorrt, "__version__", "unknown")))
+    if refused:
+        return f"tensorrt backend unavailable: {refused}"
     if not any(Path(p).exists() for p in ("/dev/nvidia0", "/dev/nvhost-gpu", "/dev/nvgpu/igpu0/ctrl")):
         return "tensorrt backend unavailable: no NVIDIA GPU device node"
     return None
@@ -53,13 +59,14 @@ def open_backend(
     """Pick and open a backend. `auto`: TensorRT for engines, ONNX Runtime for ONNX models.
 
     An engine's `compatibility` (from its manifest) is checked against this device before TensorRT
-    deserializes it; `has_onnx` says whether the package carries the ONNX model to rebuild from."""
+    deserializes it; `has_onnx` says whether the package carries the ONNX model to rebuild from. An engine that
+    cannot load here, for whatever reason (no GPU, TensorRT missing or unsupported, incompatible, corrupt, out
+    of memory), raises EngineLoadError (IncompatibleEngine when the manifest already says so)."""
     if kind == "engine":
         if choice == "onnxruntime":
             raise BackendError(f"{model}: a TensorRT engine cannot run on the onnxruntime backend")
-        reason = tensorrt_unavailable_reason()
-        if reason:
-            raise BackendError(f"{model}: {reason}")
+        # no device-node guess here: the backend starts CUDA, and a failure to (no GPU, a driver that does not
+        # start, no tensorrt/pycuda) is an EngineLoadError, so a start rolls the version back, a swap refuses it
         from .tensorrt import TensorRTBackend
 
         logger.info("opening %s on tensorrt (pid %d)", model, os.getpid())

@@ -1,0 +1,1 @@
+"""A stand-in for pycuda (see ../README.md)."""
