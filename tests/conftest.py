@@ -70,8 +70,8 @@ class Broker:
             self.proc = subprocess.Popen([self.exe, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=log)
         wait_until(self._listening, 10, f"mosquitto on port {self.port}")
         if self.proc.poll() is not None:  # another process holds the port (tests in parallel): say so
-            log = (self.workdir / "broker.log").read_text(errors="replace")[-1000:]
-            raise AssertionError(f"mosquitto on port {self.port} exited with {self.proc.returncode}:\n{log}")
+            tail = (self.workdir / "broker.log").read_text(errors="replace")[-1000:]
+            raise AssertionError(f"mosquitto on port {self.port} exited with {self.proc.returncode}:\n{tail}")
 
     def _listening(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
