@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The test command: set up, then lint (ruff), type-check (mypy) and run the suite (pytest)
 # against a real mosquitto, real ONNX Runtime, the real demo models and video.
+# Extra arguments go to pytest. The default set leaves out the tests marked `slow` and runs in two
+# pytest-xdist workers (addopts in pyproject.toml): `scripts/test.sh -m slow` runs only the slow ones,
+# `-m ""` everything, `-n 0` in one process.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh

@@ -69,8 +69,13 @@ class Broker:
         with open(self.workdir / "broker.log", "ab") as log:
             self.proc = subprocess.Popen([self.exe, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=log)
         wait_until(self._listening, 10, f"mosquitto on port {self.port}")
+        if self.proc.poll() is not None:  # another process holds the port (tests in parallel): say so
+            tail = (self.workdir / "broker.log").read_text(errors="replace")[-1000:]
+            raise AssertionError(f"mosquitto on port {self.port} exited with {self.proc.returncode}:\n{tail}")
 
     def _listening(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            return True  # exited: start() reports it
         try:
             with socket.create_connection((self.host, self.port), timeout=0.2):
                 return True

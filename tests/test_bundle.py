@@ -17,6 +17,9 @@ from edged.models.signing import TrustStore, generate_key
 from tests.conftest import build_bundle, edged_cli
 from tests.sysfs_fixtures import L4T_R36_4_0
 
+# one worker builds the Jetson bundle (a module fixture) once for all of them under pytest-xdist
+pytestmark = pytest.mark.xdist_group("bundle")
+
 
 @pytest.fixture(scope="module")
 def jetson_bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:

@@ -115,12 +115,14 @@ class Client:
         self.other: list[mqtt.MQTTMessage] = []
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"backend-{free_port()}", protocol=mqtt.MQTTv5)
         self.c.on_message = self._on
+        subscribed = threading.Event()
+        self.c.on_subscribe = lambda c, u, mid, rcs, p: subscribed.set()
         self.c.connect(host, port)
         self.c.subscribe(
             [("edged/test-01/reply/backend", 1), ("edged/test-01/snapshot/#", 0), ("edged/test-01/cmd/+/reply", 1)]
         )
         self.c.loop_start()
-        time.sleep(0.3)
+        assert subscribed.wait(10), "the backend client could not subscribe"
         self.n = 0
 
     def _on(self, c: mqtt.Client, u: Any, m: mqtt.MQTTMessage) -> None:

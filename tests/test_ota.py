@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -247,8 +248,9 @@ def test_a_golden_mismatch_is_never_activated(
     assert d.stop() == 0
 
 
-def test_ota_completes_across_a_20s_broker_outage_and_a_daemon_restart(
-    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+@pytest.mark.parametrize("outage_s", [5, pytest.param(20, marks=pytest.mark.slow)])
+def test_ota_completes_across_a_broker_outage_and_a_daemon_restart(
+    outage_s: float, demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
 ) -> None:
     doc = device_doc(broker, demo, tmp_path, "cam-01")
     doc["ota"] = {"chunk_kb": 4, "window": 1, "retry_s": 2}  # slow enough (~3,000 round trips) to interrupt twice
@@ -269,7 +271,7 @@ def test_ota_completes_across_a_20s_broker_outage_and_a_daemon_restart(
     pusher = start_push(broker, v2, "--device", "cam-01", "--timeout", "300")
     wait_until(lambda: fraction() > 0.1, 60, "10 % transferred")
     broker.stop()
-    time.sleep(20)
+    time.sleep(outage_s)  # the outage itself: longer than the OTA's retry_s (2 s), so both ends retry
     broker.start()
     sub.messages.clear()
     wait_until(lambda: fraction() > 0.4, 120, "the transfer to go on after the outage")
@@ -367,10 +369,12 @@ def test_reload_serves_a_version_installed_from_a_file(
     assert d.stop() == 0
 
 
-def test_fleet_push_to_ten_daemons_and_a_canary_that_rolls_back(
-    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
+@pytest.mark.parametrize("n", [4, pytest.param(10, marks=pytest.mark.slow)])
+def test_fleet_push_to_n_daemons_and_a_canary_that_rolls_back(
+    n: int, demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
 ) -> None:
-    ids = [f"dev-{i:02d}" for i in range(10)]
+    """A group of n daemons (4 in the default run: two canaries and two more; 10 in the slow one)."""
+    ids = [f"dev-{i:02d}" for i in range(n)]
     cfgs = {}
     for dev in ids:
         # 10 daemons share 2 cores here: batch times swing 1.6x under load, so the regression bar is 3x
@@ -391,16 +395,16 @@ def test_fleet_push_to_ten_daemons_and_a_canary_that_rolls_back(
     # a staged push to the group: two canaries first, the rest once they have committed
     r = push(broker, build(demo, tmp_path, signer, 2), "--group", "fleet", "--canary", "2")
     assert r.returncode == 0, r.stderr
-    assert "group 'fleet': 10 online" in r.stderr and "10 of 10 device(s) succeeded" in r.stderr
+    assert f"group 'fleet': {n} online" in r.stderr and f"{n} of {n} device(s) succeeded" in r.stderr
     assert all(f"ok   {dev}" in r.stderr for dev in ids), r.stderr
-    assert r.stderr.index("canaries committed") < r.stderr.index("10 of 10")
+    assert r.stderr.index("canaries committed") < r.stderr.index(f"{n} of {n}")
     wait_until(lambda: all(active(dev) == 2 for dev in ids), 30, "every device on version 2")
     # version 3 is correct but several times slower: the canary's probation rolls it back; nobody else gets it
     slow = slow_variant(demo.packages[MODEL].model_path, tmp_path / "slow.onnx", matmuls=14)
     r = push(broker, build(demo, tmp_path, signer, 3, model=slow), "--group", "fleet", "--canary", "1")
     assert r.returncode == 1, r.stderr
     assert "rolled_back" in r.stderr and "latency regression" in r.stderr, r.stderr
-    assert r.stderr.count("skipped") >= 9 and "0 of 10 device(s) succeeded" in r.stderr, r.stderr
+    assert r.stderr.count("skipped") >= n - 1 and f"0 of {n} device(s) succeeded" in r.stderr, r.stderr
     wait_until(lambda: active(ids[0]) == 2, 30, "the canary back on version 2")
     for d in daemons:
         assert d.stop() == 0
@@ -432,10 +436,12 @@ class HostilePusher:
         self.too_long = 0
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
         self.c.on_message = self._on
+        subscribed = threading.Event()
+        self.c.on_subscribe = lambda c, u, mid, rcs, p: subscribed.set()
         self.c.connect(broker.host, broker.port)
         self.c.subscribe(f"{self.root}/ota/req", qos=1)
         self.c.loop_start()
-        time.sleep(0.5)
+        assert subscribed.wait(10), "the hostile pusher could not subscribe"
         offer = {
             "transfer": "hostile",
             "manifest": base64.b64encode(self.members["manifest.json"]).decode(),
