@@ -258,6 +258,7 @@ def test_bad_input_is_named(demo: DemoAssets, tmp_path: Path) -> None:
     assert r.returncode == 2 and "--calib is required for int8" in r.stderr
 
 
+@pytest.mark.slow  # 150-300 s of CPU-bound calibration; the default run quantizes BlazeFace to int8 (above)
 def test_picodet_int8_passes_its_gate_and_runs_in_the_daemon(
     demo: DemoAssets, tmp_path: Path, broker, subscribe, start_daemon
 ) -> None:
