@@ -52,7 +52,10 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         for c in checks:
             print(c.line())
-        verdict = f"{len(bad)} required check(s) failed" if bad else "edged can run here"
-        print(f"doctor: {verdict}" + (" (warnings count: --strict)" if args.strict and bad else ""))
+        fails = sum(c.status == "fail" for c in bad)
+        warns = len(bad) - fails
+        parts = [f"{fails} required check(s) failed"] if fails else []
+        parts += [f"{warns} warning(s) (--strict)"] if warns else []
+        print(f"doctor: {', '.join(parts)}" if bad else "doctor: edged can run here")
     sys.stdout.flush()
     return 1 if bad else 0

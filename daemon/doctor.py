@@ -194,7 +194,9 @@ def check_gpu(needs: Needs, root: Path, trt: Any) -> list[Check]:
     try:
         import pycuda.driver as cuda
     except ImportError as exc:
-        fix = "install pycuda in the venv (install.sh builds it when CUDA and python3-dev are present)"
+        fix = (
+            "install CUDA (/usr/local/cuda) and python3-dev, then run /opt/edged/firstboot.sh again (it builds pycuda)"
+        )
         status: Status = "fail" if needs.tensorrt else ("warn" if nodes else "n/a")
         meaning = "the TensorRT backend cannot allocate buffers"
         gpu = f"GPU nodes {', '.join('/' + n for n in nodes)}" if nodes else "no NVIDIA GPU device node"
@@ -240,7 +242,12 @@ def check_l4t(root: Path) -> Check:
 
 def check_sensors(root: Path) -> Check:
     s = Sensors(root)
-    found = [f"{len(s.zones) + len(s.hwmon_temps)} temperatures"]
+    reading = s.read()
+    found = [
+        f"{len(reading.temps_c)} temperatures (max {reading.max_temp_c:.1f} C)"
+        if reading.temps_c
+        else "no temperatures"
+    ]
     if s.rails:
         found.append(f"power rails {', '.join(s.rails)}")
     if s.gpu_name:

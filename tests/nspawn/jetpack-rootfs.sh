@@ -11,7 +11,8 @@ set -euo pipefail
 CACHE=${EDGED_NSPAWN_CACHE:-/var/cache/edged-nspawn}
 ROOTFS=$CACHE/rootfs-jammy-jetpack-layout
 MIRROR=${UBUNTU_MIRROR:-http://archive.ubuntu.com/ubuntu}
-INCLUDE=python3,python3-venv,python3-numpy,python3-opencv,gstreamer1.0-tools,systemd,util-linux,ca-certificates
+# dbus-user-session: debootstrap does not resolve dconf-service's "default-dbus-session-bus | dbus-session-bus"
+INCLUDE=python3,python3-venv,python3-numpy,python3-opencv,gstreamer1.0-tools,systemd,util-linux,ca-certificates,dbus,dbus-user-session
 die() { echo "jetpack-rootfs: ERROR: $*" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || die "must run as root"
 command -v debootstrap >/dev/null || die "needs debootstrap (apt-get install debootstrap)"
