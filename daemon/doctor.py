@@ -139,7 +139,11 @@ def check_opencv(needs: Needs) -> list[Check]:
     if gst:
         out.append(Check("gst-cv2", "ok", detail, required=needs.gstreamer))
     else:
-        fix = "use JetPack's OpenCV (not pip's opencv-python*, which has no GStreamer): pip uninstall it in the venv"
+        fix = (
+            "use JetPack's OpenCV (not pip's opencv-python*, which has no GStreamer): pip uninstall it in the venv"
+            if needs.jetson
+            else "for GStreamer sources: the distribution's python3-opencv in a --system-site-packages venv"
+        )
         status: Status = "fail" if needs.gstreamer else "warn"
         out.append(Check("gst-cv2", status, detail + ": no CSI cameras, no hardware decode", fix, needs.gstreamer))
     return out

@@ -40,10 +40,10 @@ execute aarch64).
 from __future__ import annotations
 
 import datetime as dt
-import platform as _platform
 import hashlib
 import io
 import json
+import platform as _platform
 import re
 import shutil
 import subprocess
