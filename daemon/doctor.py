@@ -96,7 +96,8 @@ def _origin(module_file: str | None) -> str:
     where = "the system" if "dist-packages" in module_file or module_file.startswith("/usr/lib/") else "pip"
     if sys.prefix != sys.base_prefix and module_file.startswith(sys.prefix):
         where = "this venv (pip)"
-    return f"{where}: {Path(module_file).parent}"
+    path = Path(module_file)
+    return f"{where}: {path.parent if path.name == '__init__.py' else path}"
 
 
 def check_python() -> Check:
@@ -206,7 +207,13 @@ def check_gpu(needs: Needs, root: Path, trt: Any) -> list[Check]:
         gpu = f"GPU nodes {', '.join('/' + n for n in nodes)}" if nodes else "no NVIDIA GPU device node"
         cc = f", SoC compute capability {soc_cc}" if soc_cc else ""
         return [
-            Check("pycuda", status, f"not importable ({exc}): {meaning}", fix if nodes else "", needs.tensorrt),
+            Check(
+                "pycuda",
+                status,
+                f"not importable ({exc}): {meaning}",
+                fix if nodes or needs.tensorrt else "",
+                needs.tensorrt,
+            ),
             Check("gpu", "n/a" if not nodes else "warn", f"{gpu}{cc}; free memory unknown without CUDA"),
         ]
     try:

@@ -43,7 +43,7 @@ pycuda() { # the TensorRT backend's CUDA buffers: a prebuilt wheel from the bund
   [ -f "$inc/Python.h" ] || missing+=("the Python headers ($inc/Python.h: apt-get install python3-dev)")
   command -v g++ >/dev/null || missing+=("a C++ compiler (apt-get install g++)")
   if [ ${#missing[@]} -gt 0 ]; then
-    say "pycuda NOT built; missing: $(IFS=';'; echo "${missing[*]}")."
+    say "pycuda NOT built; missing: $(printf '%s; ' "${missing[@]}")"
     say "  engine packages cannot load until it is (ONNX packages run); install those, then run $0 again"
     return 0
   fi
@@ -65,5 +65,5 @@ fi
 touch "$E/.installed"
 if [ "$ENABLE" = 1 ]; then
   systemctl enable edged.service
-  systemctl start --no-block edged.service
+  systemctl start --no-block edged.service || say "edged.service is enabled; starting it now failed (above)"
 fi
