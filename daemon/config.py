@@ -291,7 +291,11 @@ class GovernorConfig(_Strict):
     sysfs_root: Path = Field(
         Path("/"), description="where sys/, proc/meminfo and the nvpmodel files are read (a bind mount, a fixture tree)"
     )
-    zones: list[str] = Field([], description="thermal zone types to watch; empty watches the hottest of all")
+    zones: list[str] = Field(
+        [],
+        description="thermal zone types to watch; empty watches the hottest SoC thermal zone (hwmon chips such as "
+        "an NVMe drive only on a machine without thermal zones, never storage or network ones)",
+    )
     warm_c: float = Field(85.0, ge=0, le=150, description="warm level (°C): the frame rate is scaled down")
     hot_c: float = Field(90.0, ge=0, le=150, description="hot level (°C): inference pauses, cameras keep reading")
     critical_c: float = Field(97.0, ge=0, le=150, description="critical level (°C): critical_action is taken")

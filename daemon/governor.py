@@ -111,7 +111,7 @@ class Policy:
         return level
 
     def watched_temp(self, r: Reading) -> tuple[str, float] | None:
-        temps = {k: v for k, v in r.temps_c.items() if not self.cfg.zones or k in self.cfg.zones}
+        temps = r.governed_temps_c(self.cfg.zones)
         if not temps:
             return None
         name = max(temps, key=lambda k: temps[k])

@@ -34,6 +34,8 @@ from typing import Any
 GPU_NODES = ("gv11b", "gp10b", "ga10b", "gb10b", "gpu")
 OFFLINE_C = -256.0
 TOTAL_RAILS = ("VDD_IN", "POM_5V_IN")
+# hwmon chips whose temperature is not the SoC's: storage and network (names as their drivers register them)
+UNRELATED_HWMON = ("nvme", "drivetemp", "iwlwifi", "mt76", "mt79", "ath", "rtw", "r8169", "igc", "e1000e", "bat")
 
 
 def _read(path: Path) -> str | None:
@@ -77,6 +79,18 @@ class Reading:
     mem_available_mb: float | None = None
     nvmap_mb: float | None = None
     missing: list[str] = field(default_factory=list)
+    hwmon_chips: dict[str, str] = field(default_factory=dict)  # temps_c key -> hwmon chip name (not a zone)
+
+    def governed_temps_c(self, zones: list[str]) -> dict[str, float]:
+        """The temperatures the governor acts on. Named `zones`: exactly those. None named: the SoC's
+        thermal zones; hwmon chips (an NVMe drive, a Wi-Fi card) only where a machine has no thermal
+        zones, and then not the storage or network ones, whose heat is not the inference's."""
+        if zones:
+            return {k: v for k, v in self.temps_c.items() if k in zones}
+        soc = {k: v for k, v in self.temps_c.items() if k not in self.hwmon_chips}
+        if soc:
+            return soc
+        return {k: v for k, v in self.temps_c.items() if not self.hwmon_chips[k].startswith(UNRELATED_HWMON)}
 
     @property
     def max_temp_c(self) -> float | None:
@@ -112,6 +126,7 @@ class Sensors:
             if name and (zone / "temp").exists() and "PMIC" not in name:
                 self.zones.append((name, zone / "temp"))
         self.hwmon_temps: list[tuple[str, Path]] = []
+        self.hwmon_chip: dict[Path, str] = {}
         self.oc: list[tuple[str, Path]] = []
         for hw in sorted((sysfs / "class/hwmon").glob("hwmon*"), key=_natural):
             name = _read(hw / "name") or hw.name
@@ -123,6 +138,7 @@ class Sensors:
             for t in sorted(hw.glob("temp*_input"), key=_natural):
                 label = _read(hw / t.name.replace("_input", "_label")) or f"{name}-{t.name.split('_')[0]}"
                 self.hwmon_temps.append((label, t))
+                self.hwmon_chip[t] = name
         self.rails = self._find_rails(sysfs / "bus/i2c/devices")
         self.gpu_name, self.gpu_dir, self.gpu_freq = "", None, None
         for dev in sorted((sysfs / "class/devfreq").glob("*")):
@@ -178,6 +194,8 @@ class Sensors:
                 continue  # offline sensor
             key = name if name not in r.temps_c else f"{name}.{len(r.temps_c)}"
             r.temps_c[key] = milli / 1000.0
+            if path in self.hwmon_chip:
+                r.hwmon_chips[key] = self.hwmon_chip[path]
         for name, rail in self.rails.items():
             mw = _num(rail.power) if rail.power else None
             if mw is None and rail.voltage and rail.current:

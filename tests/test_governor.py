@@ -212,3 +212,27 @@ def test_daemon_stops_at_the_hard_memory_limit(start_daemon, demo: DemoAssets, t
     d = start_daemon(write_config(tmp_path / "c.yaml", doc))
     assert d.proc.wait(60) == 3
     assert "stopped by the governor: memory: RSS" in d.output() and "over the hard limit 100 MB" in d.output()
+
+
+def test_unrelated_hwmon_sensors_are_not_governed_by_default(tmp_path) -> None:
+    """An Orin devkit's NVMe drive at 92 °C (a hwmon chip) is reported, but with no zones configured the
+    governor watches the SoC's thermal zones; on a machine without thermal zones, hwmon counts, except
+    storage and network chips."""
+    from edged.daemon.sensors import Sensors
+    from tests.sysfs_fixtures import BOARDS, put
+
+    root = BOARDS["orin_nano_jp6"](tmp_path / "orin")
+    put(root, "sys/class/hwmon/hwmon9/name", "nvme")
+    put(root, "sys/class/hwmon/hwmon9/temp1_label", "Composite")
+    put(root, "sys/class/hwmon/hwmon9/temp1_input", 92000)
+    r = Sensors(root).read()
+    assert r.temps_c["Composite"] == 92.0 and r.hwmon_chips == {"Composite": "nvme"}
+    assert Policy(CFG, MEM).watched_temp(r) == ("tj-thermal", 48.3)
+    assert Policy(CFG, MEM).update(r, 0).level == Level.NORMAL
+    assert Policy(CFG.model_copy(update={"zones": ["Composite"]}), MEM).watched_temp(r) == ("Composite", 92.0)
+    pc = tmp_path / "pc"  # no thermal zones: coretemp counts, the drive does not
+    for i, (chip, label, milli) in enumerate([("coretemp", "Package id 0", 61000), ("nvme", "Composite", 70000)]):
+        put(pc, f"sys/class/hwmon/hwmon{i}/name", chip)
+        put(pc, f"sys/class/hwmon/hwmon{i}/temp1_label", label)
+        put(pc, f"sys/class/hwmon/hwmon{i}/temp1_input", milli)
+    assert Policy(CFG, MEM).watched_temp(Sensors(pc).read()) == ("Package id 0", 61.0)
