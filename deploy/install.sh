@@ -15,7 +15,8 @@
 # On a device, `edged doctor` runs after the install; a failing required check leaves edged disabled
 # (exit 1). Jetson bundles need JetPack 6 (L4T R36, Python 3.10); JetPack 5 is refused.
 set -euo pipefail
-cd "$(dirname "$0")"
+SELF=$(realpath "$0")
+cd "$(dirname "$SELF")"
 ROOT=/ START=1 UNINSTALL=0 DEVICE_ID=
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
     --no-start) START=0; shift ;;
     --uninstall) UNINSTALL=1; shift ;;
     --device-id) DEVICE_ID=$2; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$SELF"; exit 0 ;;
     *) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
