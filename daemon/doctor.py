@@ -81,8 +81,11 @@ def needs_of(cfg: Config | None, root: Path) -> Needs:
     if cfg is None:
         return n
     n.tensorrt = cfg.model.backend == "tensorrt" or cfg.model.build_on_device
+    # an engine package (a folder, or the store's current version); a .tar's kind the model check reports
     package = cfg.model.package
-    if package is not None and (package.suffix == ".engine" or (package / "model.engine").exists()):
+    if package is None and cfg.model.name is not None:
+        package = cfg.state_dir / "models" / cfg.model.name / "current"
+    if package is not None and (package / "model.engine").exists():
         n.tensorrt = True
     schemes = {c.uri.split("://", 1)[0] for c in cfg.cameras}
     n.csi = "csi" in schemes

@@ -146,3 +146,25 @@ def test_other_fixture_trees(tmp_path: Path, board: str) -> None:
     else:
         assert rc == 1 and checks["l4t"]["status"] == "fail" and "R32.7.4" in checks["l4t"]["detail"]
         assert "SoC compute capability 5.3" in checks["gpu"]["detail"]
+
+
+def test_an_engine_package_built_for_another_device(broker: Broker, demo: DemoAssets, tmp_path: Path) -> None:
+    """An Orin's engine package here (x86_64, no TensorRT): the model check names every mismatch, and
+    TensorRT becomes required."""
+    from edged.models.package import write_package
+
+    src = demo.packages["blazeface-back"]
+    fields = src.manifest.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
+    compat = {"tensorrt": "10.3.0", "compute_capability": "8.7", "l4t": "36.4.0", "platform": "aarch64"}
+    fields.update(kind="engine", compatibility=compat)
+    files = {"model.engine": src.model_path, "model.onnx": src.model_path, "labels.txt": src.root / "labels.txt"}
+    pkg = write_package(tmp_path / "engine-pkg", fields, files)
+    cfg = config(tmp_path, broker, demo)
+    doc = yaml.safe_load(cfg.read_text())
+    doc["model"]["package"] = str(pkg.root)
+    rc, checks, text = doctor("-c", str(write_config(tmp_path / "engine.yaml", doc)))
+    assert rc == 1, text
+    assert checks["model"]["status"] == "fail" and "built for aarch64" in checks["model"]["detail"]
+    assert "needs TensorRT 10.3.0, none is installed here" in checks["model"]["detail"]
+    assert "edged build-engine" in checks["model"]["fix"]
+    assert checks["tensorrt"]["status"] == "fail" and checks["tensorrt"]["required"]
