@@ -10,6 +10,7 @@ build tools, and ``edged watch`` and ``edged push`` load neither OpenCV nor ONNX
     keys.py      keys generate                  bundle.py    bundle build|verify
     model.py     model pack|sign|golden         store.py     model verify|install|list|rollback
     demo.py      model fetch-demo               push.py      push (the client: edged.deploy.push)
+    doctor.py    doctor (checks: edged.daemon.doctor)
 
 Exit codes: 0 success, 1 a user-facing error (bad config, bad model, fetch failure), 2 usage; some verbs
 add their own (``run``: 3, ``quantize``: 4), named in their help.
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from edged import __version__
 from edged.errors import EdgedError
 
-from . import bundle, certs, keys, model, observe, push, quantize, run
+from . import bundle, certs, doctor, keys, model, observe, push, quantize, run
 
 EPILOG = """\
 examples:
@@ -35,6 +36,7 @@ examples:
   edged watch -c examples/demo.yaml         print what the device publishes
   edged watch --host broker --device orin-07 --cafile ca.crt --cert backend.crt --key backend.key
   edged telemetry                           one reading of thermals, power, GPU and memory
+  edged doctor -c /etc/edged/edged.yaml     can this device run edged? one line per check, with the fix
   edged certs ca --dir pki                  start a CA for TLS client certificates
   edged quantize PKG --calib calib.mp4 --eval eval.mp4 --out PKG-int8
                                             INT8 with an accuracy report and gate
@@ -49,7 +51,7 @@ configuration keys can be overridden per device with EDGED_<SECTION>__<KEY>, e.g
 """
 
 # The order of `edged --help`'s verb list.
-VERBS = (run, observe, certs, quantize, keys, bundle, model, push)
+VERBS = (run, doctor, observe, certs, quantize, keys, bundle, model, push)
 
 Handler = Callable[[argparse.Namespace], int]
 

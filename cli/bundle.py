@@ -24,6 +24,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     bb.add_argument("--key", type=Path, help="private key to sign the bundle manifest with")
     bb.add_argument("--wheelhouse", type=Path, help="extra wheels (e.g. a prebuilt aarch64 pycuda)")
     bb.add_argument("--out", type=Path, default=Path("."), help="output folder (default: here)")
+    bb.add_argument(
+        "--machine",
+        choices=("aarch64", "x86_64"),
+        default="aarch64",
+        help="jetson-jp6: the CPU of the wheels (aarch64; x86_64 for an Ubuntu 22.04 PC or test rootfs)",
+    )
     bb.set_defaults(func=_build)
     bv = bsub.add_parser(
         "verify",
@@ -48,6 +54,7 @@ def _build(args: argparse.Namespace) -> int:
         load_signing_key(args.key) if args.key else None,
         args.wheelhouse,
         progress=lambda m: print(f"bundle: {m}", file=sys.stderr, flush=True),
+        machine=args.machine,
     )
     print(f"bundle: {built.path}: {built.files} files, {len(built.wheels)} wheels for {built.target}")
     return 0

@@ -189,11 +189,12 @@ class ModelConfig(_Strict):
     probation_output_ratio: float = Field(
         10.0,
         ge=0,
-        description="detections per frame off by more than x this from the previous version's on the same cameras "
-        "(a model that suddenly detects nothing, or everything) rolls back (0: off) ...",
+        description="detections per frame off by more than x this from the previous version's over its last "
+        "frames before the swap (a model that suddenly detects nothing, or everything) rolls back (0: off); a "
+        "collapse counts only when that window held at least 20 detections ...",
     )
     probation_output_frames: int = Field(
-        200, ge=1, description="... judged once each version has decoded this many frames"
+        200, ge=1, le=5000, description="... judged over this many frames of each version"
     )
     build_on_device: bool = Field(
         False, description="an ONNX package on a device with TensorRT: build an engine once, cache it, run it"
@@ -291,7 +292,11 @@ class GovernorConfig(_Strict):
     sysfs_root: Path = Field(
         Path("/"), description="where sys/, proc/meminfo and the nvpmodel files are read (a bind mount, a fixture tree)"
     )
-    zones: list[str] = Field([], description="thermal zone types to watch; empty watches the hottest of all")
+    zones: list[str] = Field(
+        [],
+        description="thermal zone types to watch; empty watches the hottest SoC thermal zone (hwmon chips such as "
+        "an NVMe drive only on a machine without thermal zones, never storage or network ones)",
+    )
     warm_c: float = Field(85.0, ge=0, le=150, description="warm level (°C): the frame rate is scaled down")
     hot_c: float = Field(90.0, ge=0, le=150, description="hot level (°C): inference pauses, cameras keep reading")
     critical_c: float = Field(97.0, ge=0, le=150, description="critical level (°C): critical_action is taken")

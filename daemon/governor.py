@@ -111,7 +111,7 @@ class Policy:
         return level
 
     def watched_temp(self, r: Reading) -> tuple[str, float] | None:
-        temps = {k: v for k, v in r.temps_c.items() if not self.cfg.zones or k in self.cfg.zones}
+        temps = r.governed_temps_c(self.cfg.zones)
         if not temps:
             return None
         name = max(temps, key=lambda k: temps[k])
@@ -183,19 +183,27 @@ class Policy:
         return events
 
     def _memory(self, r: Reading) -> tuple[list[dict[str, Any]], str]:
-        if r.rss_mb is None:
+        spent = r.spent_mb  # RSS, plus this process's nvmap (GPU) memory on a Jetson
+        if spent is None or r.rss_mb is None:
             return [], ""
         budget = self.mem.budget_mb
         hard, soft = budget * self.mem.hard_limit_pct / 100, budget * self.mem.soft_limit_pct / 100
-        if r.rss_mb >= hard:
-            return [{"type": "memory", "state": "hard_limit", "rss_mb": r.rss_mb, "limit_mb": round(hard, 1)}], (
-                f"memory: RSS {r.rss_mb:.0f} MB is over the hard limit {hard:.0f} MB ({budget:.0f} MB budget)"
+        gpu = f" + GPU (nvmap) {r.gpu_mb:.0f} MB" if r.gpu_mb else ""
+        if spent >= hard:
+            event = {"type": "memory", "state": "hard_limit", "rss_mb": r.rss_mb, "limit_mb": round(hard, 1)}
+            if r.gpu_mb is not None:
+                event["gpu_mb"] = r.gpu_mb
+            return [event], (
+                f"memory: RSS {r.rss_mb:.0f} MB{gpu} is over the hard limit {hard:.0f} MB ({budget:.0f} MB budget)"
             )
-        shed = r.rss_mb >= soft
+        shed = spent >= soft
         if shed != (self.memory_scale < 1.0):
             self.memory_scale = 0.5 if shed else 1.0
             state = "shedding" if shed else "normal"
-            return [{"type": "memory", "state": state, "rss_mb": r.rss_mb, "soft_limit_mb": round(soft, 1)}], ""
+            event = {"type": "memory", "state": state, "rss_mb": r.rss_mb, "soft_limit_mb": round(soft, 1)}
+            if r.gpu_mb is not None:
+                event["gpu_mb"] = r.gpu_mb
+            return [event], ""
         return [], ""
 
 

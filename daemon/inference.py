@@ -67,6 +67,9 @@ class Window:
         return {f"p{int(q)}": round(float(v), 2) for q, v in zip(qs, np.percentile(data, qs), strict=True)}
 
 
+RECENT_ROWS = 5000  # the newest rows' output each model keeps for probation (probation_output_frames <= this)
+
+
 @dataclass
 class ActiveModel:
     """A loaded model and what the loop has seen of it (its own counters, for probation)."""
@@ -86,6 +89,9 @@ class ActiveModel:
     rows: int = 0
     detections: int = 0
     score_sum: float = 0.0
+    # (detections, score sum) of the newest decoded rows: the old version's output just before a swap is
+    # what the new one's is compared with (its whole-life rate would compare a day's scene with a night's)
+    recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=RECENT_ROWS))
 
     @property
     def ref(self) -> str:
@@ -93,6 +99,11 @@ class ActiveModel:
 
     def output_figures(self) -> OutputFigures:
         return OutputFigures(self.rows, self.detections, self.score_sum)
+
+    def recent_output(self, rows: int) -> OutputFigures:
+        """The output of the newest `rows` decoded rows (fewer when it has not decoded that many)."""
+        last = list(self.recent)[-rows:] if rows > 0 else []
+        return OutputFigures(len(last), sum(n for n, _ in last), sum(s for _, s in last))
 
 
 @dataclass(frozen=True)
@@ -309,6 +320,7 @@ class InferenceLoop:
             m.rows += len(dets)
             m.detections += sum(len(row) for row in dets)
             m.score_sum += sum(d.score for row in dets for d in row)
+            m.recent.extend((len(row), sum(d.score for d in row)) for row in dets)
             for (camera, meta), row_dets in zip(batch.rows, dets, strict=True):
                 result = Result(camera, meta, row_dets, batch.infer_ms, done, m.name, m.version)
                 self.stats.capture_to_result_ms.add(result.capture_to_result_ms)

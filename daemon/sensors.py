@@ -19,12 +19,15 @@ here raises for an absent or offline sensor.
               device/load (0-1000), cur_freq (Hz)
     power mode  <root>/var/lib/nvpmodel/status ("pmode:0002") named by <root>/etc/nvpmodel.conf
     memory    this process's RSS (/proc/self/status); MemAvailable and NvMapMemUsed from
-              <root>/proc/meminfo. `process_memory_mb()`: this process's RSS now and at its peak, read
+              <root>/proc/meminfo; this process's nvmap (GPU) memory from
+              <root>/sys/kernel/debug/nvmap/iovmm/clients (root only), counted with RSS in the
+              governor's budget. `process_memory_mb()`: this process's RSS now and at its peak, read
               when asked (admission, telemetry, the run summary), not by the governor's sampling
 """
 
 from __future__ import annotations
 
+import os
 import re
 import resource
 from dataclasses import dataclass, field
@@ -34,6 +37,8 @@ from typing import Any
 GPU_NODES = ("gv11b", "gp10b", "ga10b", "gb10b", "gpu")
 OFFLINE_C = -256.0
 TOTAL_RAILS = ("VDD_IN", "POM_5V_IN")
+# hwmon chips whose temperature is not the SoC's: storage and network (names as their drivers register them)
+UNRELATED_HWMON = ("nvme", "drivetemp", "iwlwifi", "mt76", "mt79", "ath", "rtw", "r8169", "igc", "e1000e", "bat")
 
 
 def _read(path: Path) -> str | None:
@@ -77,6 +82,27 @@ class Reading:
     mem_available_mb: float | None = None
     nvmap_mb: float | None = None
     missing: list[str] = field(default_factory=list)
+    hwmon_chips: dict[str, str] = field(default_factory=dict)  # temps_c key -> hwmon chip name (not a zone)
+    gpu_mb: float | None = None  # this process's nvmap (GPU) memory on a Jetson; None where unreadable
+
+    @property
+    def spent_mb(self) -> float | None:
+        """What this process spends against the memory budget: RSS plus, on a Jetson, its nvmap
+        allocations (cudaMalloc, TensorRT), which share the same DRAM and do not show in RSS."""
+        if self.rss_mb is None:
+            return None
+        return round(self.rss_mb + (self.gpu_mb or 0.0), 1)
+
+    def governed_temps_c(self, zones: list[str]) -> dict[str, float]:
+        """The temperatures the governor acts on. Named `zones`: exactly those. None named: the SoC's
+        thermal zones; hwmon chips (an NVMe drive, a Wi-Fi card) only where a machine has no thermal
+        zones, and then not the storage or network ones, whose heat is not the inference's."""
+        if zones:
+            return {k: v for k, v in self.temps_c.items() if k in zones}
+        soc = {k: v for k, v in self.temps_c.items() if k not in self.hwmon_chips}
+        if soc:
+            return soc
+        return {k: v for k, v in self.temps_c.items() if not self.hwmon_chips[k].startswith(UNRELATED_HWMON)}
 
     @property
     def max_temp_c(self) -> float | None:
@@ -95,6 +121,7 @@ class Reading:
             "power_mode": self.power_mode,
             "mem_available_mb": self.mem_available_mb,
             "nvmap_mb": self.nvmap_mb,
+            "gpu_mb": self.gpu_mb,
             "missing": self.missing,
         }
 
@@ -105,6 +132,7 @@ class Sensors:
     def __init__(self, root: Path = Path("/"), proc_self: Path = Path("/proc/self/status")) -> None:
         self.root = root
         self.proc_self = proc_self
+        self.pid = os.getpid()
         sysfs = root / "sys"
         self.zones: list[tuple[str, Path]] = []
         for zone in sorted((sysfs / "devices/virtual/thermal").glob("thermal_zone*"), key=_natural):
@@ -112,6 +140,7 @@ class Sensors:
             if name and (zone / "temp").exists() and "PMIC" not in name:
                 self.zones.append((name, zone / "temp"))
         self.hwmon_temps: list[tuple[str, Path]] = []
+        self.hwmon_chip: dict[Path, str] = {}
         self.oc: list[tuple[str, Path]] = []
         for hw in sorted((sysfs / "class/hwmon").glob("hwmon*"), key=_natural):
             name = _read(hw / "name") or hw.name
@@ -123,6 +152,7 @@ class Sensors:
             for t in sorted(hw.glob("temp*_input"), key=_natural):
                 label = _read(hw / t.name.replace("_input", "_label")) or f"{name}-{t.name.split('_')[0]}"
                 self.hwmon_temps.append((label, t))
+                self.hwmon_chip[t] = name
         self.rails = self._find_rails(sysfs / "bus/i2c/devices")
         self.gpu_name, self.gpu_dir, self.gpu_freq = "", None, None
         for dev in sorted((sysfs / "class/devfreq").glob("*")):
@@ -178,6 +208,8 @@ class Sensors:
                 continue  # offline sensor
             key = name if name not in r.temps_c else f"{name}.{len(r.temps_c)}"
             r.temps_c[key] = milli / 1000.0
+            if path in self.hwmon_chip:
+                r.hwmon_chips[key] = self.hwmon_chip[path]
         for name, rail in self.rails.items():
             mw = _num(rail.power) if rail.power else None
             if mw is None and rail.voltage and rail.current:
@@ -208,6 +240,7 @@ class Sensors:
         meminfo = self.root / "proc/meminfo"
         r.mem_available_mb = _kb_field(meminfo, "MemAvailable")
         r.nvmap_mb = _kb_field(meminfo, "NvMapMemUsed")
+        r.gpu_mb = nvmap_process_mb(self.pid, self.root)
         return r
 
     def _power_mode(self) -> str | None:
@@ -223,6 +256,27 @@ class Sensors:
             if int(mid) == ident:
                 return str(name)
         return f"mode {ident}"
+
+
+NVMAP_CLIENTS = "sys/kernel/debug/nvmap/iovmm/clients"
+
+
+def nvmap_process_mb(pid: int, root: Path = Path("/")) -> float | None:
+    """`pid`'s GPU memory on a Jetson, MiB: the sum of its rows in nvmap's iovmm client table
+    (``CLIENT PROCESS PID SIZE``, sizes like ``123456K``; the file jtop reads). debugfs, readable by root
+    only (the unit grants it or not): None where it cannot be read, 0.0 for a process with no rows."""
+    text = _read(root / NVMAP_CLIENTS)
+    if text is None:
+        return None
+    kib = 0.0
+    scale = {"": 1 / 1024, "K": 1.0, "M": 1024.0, "G": 1024.0**2}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == str(pid):
+            m = re.fullmatch(r"(\d+)([KMG]?)", parts[3])
+            if m:
+                kib += int(m.group(1)) * scale[m.group(2)]
+    return round(kib / 1024.0, 1)
 
 
 def process_memory_mb() -> dict[str, float]:

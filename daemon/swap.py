@@ -136,15 +136,21 @@ class Probation:
     baseline_output: OutputFigures | None = None
 
 
+MIN_BASELINE_DETECTIONS = 20  # a collapse is judged only against an old window that saw at least this many
+
+
 def output_verdict(before: OutputFigures, after: OutputFigures, ratio: float, frames: int) -> str:
     """Why the new version's output is implausible next to the old one's on the same cameras, or "".
 
-    Judged once both have decoded `frames` frames: a rate of detections per frame under 1/`ratio` of the
-    old one's (it suddenly detects nothing), or over `ratio` times it and at least one per frame (it
-    suddenly detects everything; an old rate under 0.1 counts as 0.1)."""
+    `before` is the old version's output over its newest `frames` rows just before the swap (the same
+    scene, minutes apart), `after` the new version's since; judged once both have `frames` rows. A rate of
+    detections per frame under 1/`ratio` of the old one's (it suddenly detects nothing) counts only when
+    the old window held at least MIN_BASELINE_DETECTIONS detections: an empty scene judges nothing. Over
+    `ratio` times it and at least one per frame (it suddenly detects everything; an old rate under 0.1
+    counts as 0.1)."""
     if before.rows < frames or after.rows < frames:
         return ""
-    if before.rate > 0 and after.rate < before.rate / ratio:
+    if before.detections >= MIN_BASELINE_DETECTIONS and after.rate < before.rate / ratio:
         return f"output collapse: {after} vs {before} before (under 1/{ratio:g})"
     if after.rate >= 1.0 and after.rate > max(before.rate, 0.1) * ratio:
         return f"output explosion: {after} vs {before} before (over x{ratio:g})"
@@ -258,7 +264,7 @@ class ModelManager:
         old_pkg = self.package
         current = self.active
         baseline = current.cost_ms.percentiles((50,)).get("p50")
-        before = current.output_figures()
+        before = current.recent_output(self.cfg.model.probation_output_frames)
         mode = plan_swap(
             current.backend.memory_bytes / 2**20, estimate_mb(pkg), self._rss_mb(), self.cfg.memory.budget_mb
         )

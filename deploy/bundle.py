@@ -14,9 +14,27 @@
       models/*.tar              the initial model package(s), signed
 
 Targets: ``host`` (this machine's Python and CPU), ``jetson-jp6`` (aarch64, CPython 3.10: JetPack 6
-is Ubuntu 22.04; OpenCV and TensorRT come from JetPack through the venv's system site-packages, so
-opencv-python-headless is left out; pycuda is built on the device or taken from ``--wheelhouse``).
-``jetson-jp5`` is refused: JetPack 5 ships Python 3.8 and edged needs 3.10.
+is Ubuntu 22.04). ``jetson-jp5`` is refused: JetPack 5 ships Python 3.8 and edged needs 3.10.
+
+The jetson-jp6 bundle runs on the device's own stack. The venv is made with ``--system-site-packages``:
+JetPack's OpenCV (python3-opencv / nvidia-opencv, built with GStreamer against numpy 1.x) and
+TensorRT's bindings (python3-libnvinfer) live in /usr/lib/python3/dist-packages. So:
+
+- opencv-python-headless is left out (a pip cv2 would shadow JetPack's, and it has no GStreamer);
+- numpy is pinned below 2 (``numpy>=1.24,<2``): JetPack's cv2 and the TensorRT 10.3 bindings are built
+  against numpy 1.x, and a numpy 2 in the venv would shadow the system's and break both. The system
+  numpy (Ubuntu 22.04's 1.21.5) is older than edged's and ONNX Runtime's floor, so the venv carries
+  numpy 1.26 from the bundle; 1.x keeps the ABI JetPack's modules were built for;
+- pycuda is built on the device at install (edged-firstboot / install.sh): PyPI has no aarch64 wheel,
+  and the build needs the device's own CUDA (nvcc and libcuda of its JetPack release), which a build
+  machine does not have. The bundle carries pycuda's source and everything its build and run need
+  (setuptools, wheel, numpy, pytools, platformdirs, mako), so it builds offline; what the build needs
+  from the device (CUDA on /usr/local/cuda, python3-dev, a C++ compiler) is checked and named when
+  missing. A prebuilt aarch64 pycuda wheel given with ``--wheelhouse`` is installed instead of building.
+
+``machine`` (jetson-jp6 only) picks the CPU of the wheels: aarch64 for a Jetson; x86_64 builds the same
+recipe for an Ubuntu 22.04 PC or rootfs (the tests install it into one, since this machine cannot
+execute aarch64).
 """
 
 from __future__ import annotations
@@ -25,6 +43,7 @@ import datetime as dt
 import hashlib
 import io
 import json
+import platform as _platform
 import re
 import shutil
 import subprocess
@@ -46,7 +65,12 @@ Target = Literal["host", "jetson-jp6", "jetson-jp5"]
 REPO = Path(__file__).resolve().parent.parent
 # What the device installs; opencv comes from JetPack on Jetson (GStreamer for CSI cameras).
 JETSON_SKIP = {"opencv-python-headless"}
-JETSON_PLATFORMS = ("manylinux2014_aarch64", "manylinux_2_28_aarch64", "manylinux_2_17_aarch64")
+JETSON_MANYLINUX = ("manylinux2014", "manylinux_2_28", "manylinux_2_17")  # Ubuntu 22.04: glibc 2.35
+JETSON_NUMPY = "numpy>=1.24,<2"
+# pycuda for the TensorRT backend: its source and what building and running it need, built on the device.
+PYCUDA = "pycuda>=2024.1"
+PYCUDA_SUPPORT = ("setuptools>=68", "wheel", "pytools>=2011.2", "platformdirs>=2.2.0", "mako")
+Machine = Literal["aarch64", "x86_64"]
 
 
 class BundleError(EdgedError):
@@ -70,7 +94,8 @@ def requirements(target: Target) -> list[str]:
     except PackageNotFoundError as exc:
         raise BundleError("edged is not installed (pip install -e .), so its dependencies are unknown") from exc
     if target.startswith("jetson"):
-        reqs = [r for r in reqs if re.split(r"[<>=!~ ;\[]", r)[0] not in JETSON_SKIP]
+        names = [(re.split(r"[<>=!~ ;\[]", r)[0], r) for r in reqs]
+        reqs = [JETSON_NUMPY if n == "numpy" else r for n, r in names if n not in JETSON_SKIP]
     return reqs
 
 
@@ -82,6 +107,7 @@ def build_bundle(
     signing_key: SigningKey | None = None,
     wheelhouse: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    machine: Machine = "aarch64",
 ) -> Bundle:
     say = progress or (lambda m: None)
     if target == "jetson-jp5":
@@ -100,7 +126,7 @@ def build_bundle(
         wheels.mkdir(parents=True)
         reqs = requirements(target)
         (root / "requirements.txt").write_text("\n".join(reqs) + "\n")
-        _wheels(target, reqs, wheels, wheelhouse, say)
+        _wheels(target, reqs, wheels, wheelhouse, say, machine)
         for rel in (
             "edged.service",
             "edged-rollback.service",
@@ -142,6 +168,7 @@ def build_bundle(
             "edged": __version__,
             "target": target,
             "python": py,
+            "machine": machine if target == "jetson-jp6" else _platform.machine(),
             "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "files": files,
         }
@@ -168,7 +195,14 @@ def build_bundle(
         return Bundle(out, target, len(files), sorted(p.name for p in wheels.iterdir()))
 
 
-def _wheels(target: Target, reqs: list[str], dest: Path, wheelhouse: Path | None, say: Callable[[str], None]) -> None:
+def _wheels(
+    target: Target,
+    reqs: list[str],
+    dest: Path,
+    wheelhouse: Path | None,
+    say: Callable[[str], None],
+    machine: Machine = "aarch64",
+) -> None:
     if not (REPO / "pyproject.toml").is_file():
         raise BundleError(
             f"{REPO}: not an edged source checkout; bundles are built from one (git clone, pip install -e .)"
@@ -181,31 +215,17 @@ def _wheels(target: Target, reqs: list[str], dest: Path, wheelhouse: Path | None
         say(f"collecting wheels for this machine's Python {sys.version_info.major}.{sys.version_info.minor}")
         _run([*pip, "wheel", "-q", "-w", str(dest), *extra, *reqs])
         return
-    say("downloading aarch64 / CPython 3.10 wheels for JetPack 6")
-    plats = [a for p in JETSON_PLATFORMS for a in ("--platform", p)]
-    _run(
-        [
-            *pip,
-            "download",
-            "-q",
-            "--only-binary=:all:",
-            *plats,
-            "--python-version",
-            "3.10",
-            "--implementation",
-            "cp",
-            "--abi",
-            "cp310",
-            "--abi",
-            "abi3",
-            "--abi",
-            "none",
-            "-d",
-            str(dest),
-            *extra,
-            *reqs,
-        ]
-    )
+    say(f"downloading {machine} / CPython 3.10 wheels for JetPack 6 (numpy < 2, no pip OpenCV)")
+    plats = [a for p in JETSON_MANYLINUX for a in ("--platform", f"{p}_{machine}")]
+    cp310 = ["--python-version", "3.10", "--implementation", "cp", "--abi", "cp310", "--abi", "abi3", "--abi", "none"]
+    binary = [*pip, "download", "-q", "--only-binary=:all:", *plats, *cp310, "-d", str(dest), *extra]
+    _run([*binary, *reqs, *PYCUDA_SUPPORT])
+    if wheelhouse and any(wheelhouse.glob(f"pycuda-*{machine}*.whl")):
+        say("pycuda: the prebuilt wheel from --wheelhouse")
+        _run([*binary, "--no-deps", PYCUDA])
+    else:
+        say("pycuda: its source, built on the device at install (needs the device's CUDA and python3-dev)")
+        _run([*pip, "download", "-q", "--no-deps", "--no-binary", "pycuda", "-d", str(dest), PYCUDA])
 
 
 def _run(cmd: list[str]) -> None:

@@ -5,14 +5,18 @@
 #   sudo ./install.sh --no-start         install, enable, do not start
 #   sudo ./install.sh --root DIR         lay the bundle into a rootfs (an L4T Linux_for_Tegra/rootfs)
 #                                        before flashing: nothing is run for the target; a first-boot
-#                                        one-shot (edged-firstboot.service) makes the venv there
+#                                        one-shot (edged-firstboot.service) makes the venv there, runs
+#                                        `edged doctor` and enables edged.service when it passes
 #   sudo ./install.sh --device-id ID     the device id for a new /etc/edged/edged.yaml (default: hostname)
 #   sudo ./install.sh --uninstall        remove what this installer installed (config, keys and
 #                                        /var/lib/edged state stay)
 #
 # Upgrades keep /etc/edged/edged.yaml and /var/lib/edged (the model store, the spool).
+# On a device, `edged doctor` runs after the install; a failing required check leaves edged disabled
+# (exit 1). Jetson bundles need JetPack 6 (L4T R36, Python 3.10); JetPack 5 is refused.
 set -euo pipefail
-cd "$(dirname "$0")"
+SELF=$(realpath "$0")
+cd "$(dirname "$SELF")"
 ROOT=/ START=1 UNINSTALL=0 DEVICE_ID=
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -20,7 +24,7 @@ while [ $# -gt 0 ]; do
     --no-start) START=0; shift ;;
     --uninstall) UNINSTALL=1; shift ;;
     --device-id) DEVICE_ID=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$SELF"; exit 0 ;;
     *) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -48,6 +52,24 @@ fi
 say "checking the bundle's files"
 sha256sum --quiet -c SHA256SUMS || { echo "install.sh: the bundle is corrupt (SHA256SUMS)" >&2; exit 1; }
 TARGET=$(sed -n 's/.*"target": *"\([^"]*\)".*/\1/p' bundle.json | head -1)
+MACHINE=$(sed -n 's/.*"machine": *"\([^"]*\)".*/\1/p' bundle.json | head -1)
+release=$(sed -n 's/^# R\([0-9]*\) (release).*/\1/p' "$R/etc/nv_tegra_release" 2>/dev/null || true)
+if [ "${TARGET#jetson}" != "$TARGET" ]; then
+  if [ -n "$release" ] && [ "$release" -lt 36 ]; then
+    echo "install.sh: $R is L4T R$release (JetPack 5 or older, Python 3.8); edged needs JetPack 6 (L4T R36," \
+         "Ubuntu 22.04, Python 3.10). Flash JetPack 6 first." >&2
+    exit 1
+  fi
+  if [ ! -e "$R/usr/bin/python3.10" ]; then
+    echo "install.sh: $R has no /usr/bin/python3.10: this bundle is for JetPack 6 (Ubuntu 22.04, Python 3.10);" \
+         "JetPack 5 ships Python 3.8, which edged does not support" >&2
+    exit 1
+  fi
+  if on_target && [ "$(uname -m)" != "${MACHINE:-aarch64}" ]; then
+    echo "install.sh: this bundle's wheels are for ${MACHINE:-aarch64}, this machine is $(uname -m)" >&2
+    exit 1
+  fi
+fi
 
 mkdir -p "$R/opt/edged"
 : > "$LIST.new"
@@ -63,7 +85,6 @@ put 0644 systemd/tmpfiles.d/edged.conf /usr/lib/tmpfiles.d/edged.conf
 put 0755 firstboot.sh /opt/edged/firstboot.sh
 put 0644 docs/edged.1 /usr/share/man/man1/edged.1
 put 0644 docs/operator.md /opt/edged/docs/operator.md
-release=$(sed -n 's/^# R\([0-9]*\) (release).*/\1/p' "$R/etc/nv_tegra_release" 2>/dev/null || true)
 if [ -n "$release" ] && [ -f "systemd/devices/l4t-r$release.conf" ]; then
   put 0644 "systemd/devices/l4t-r$release.conf" /etc/systemd/system/edged.service.d/devices.conf
 elif [ "${TARGET#jetson}" != "$TARGET" ]; then
@@ -85,14 +106,18 @@ fi
 mv "$LIST.new" "$LIST"
 
 if ! on_target; then
-  # Nothing runs for the target architecture here: the first boot makes the venv and installs the model.
+  # Nothing runs for the target here: the first boot makes the venv, installs the model, runs
+  # `edged doctor`, and enables edged.service only when no required check fails.
   mkdir -p "$R/etc/systemd/system/multi-user.target.wants"
   ln -sf /etc/systemd/system/edged-firstboot.service "$R/etc/systemd/system/multi-user.target.wants/edged-firstboot.service"
-  ln -sf /etc/systemd/system/edged.service "$R/etc/systemd/system/multi-user.target.wants/edged.service"
-  say "laid out into $R; edged-firstboot.service finishes the install on the device's first boot"
+  say "laid out into $R; edged-firstboot.service finishes the install on the device's first boot" \
+      "(and enables edged once edged doctor passes)"
   exit 0
 fi
-/opt/edged/firstboot.sh
+if ! /opt/edged/firstboot.sh; then
+  echo "install.sh: edged is installed but NOT enabled or started: see the doctor's FAIL lines above" >&2
+  exit 1
+fi
 systemctl daemon-reload
 systemctl enable edged.service >/dev/null
 if [ "$START" = 1 ]; then

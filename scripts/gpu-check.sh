@@ -8,15 +8,51 @@
 # skipped (the one test of the no-TensorRT message is expected to skip here).
 #
 #     bash scripts/gpu-check.sh
+#
+# Prerequisites (all missing ones are listed before anything is installed):
+#   Python >= 3.10 with venv (Jetson: JetPack 6; apt-get install python3-venv)
+#   TensorRT's Python bindings: JetPack's python3-libnvinfer (apt-get install nvidia-jetpack), or on an
+#     x86 server EDGED_GPU_PIP="tensorrt" (pip TensorRT into the venv)
+#   pycuda, or what building it needs: CUDA's nvcc (/usr/local/cuda/bin is added to PATH), the Python
+#     headers (python3-dev), g++
+#   mosquitto; the demo assets (edged model fetch-demo: the internet once, or a copied ~/.cache/edged/demo)
+#   without the internet: EDGED_WHEELS=DIR with every wheel the venv needs (edged's, [dev]'s, pycuda's
+#     source and its build deps; a bundle's wheels/ plus the dev wheels), used with pip --no-index
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${EDGED_GPU_VENV:-.venv-gpu}
+[ -d /usr/local/cuda/bin ] && PATH=/usr/local/cuda/bin:$PATH
+missing=()
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null \
+  || missing+=("Python >= 3.10 (this is $(python3 --version 2>&1); JetPack 6 has 3.10)")
+python3 -c 'import ensurepip' 2>/dev/null || missing+=("python3-venv (apt-get install python3-venv)")
+if [ -z "${EDGED_GPU_PIP:-}" ] && ! python3 -c 'import tensorrt' 2>/dev/null; then
+  missing+=("TensorRT's Python bindings (Jetson: apt-get install nvidia-jetpack; x86: EDGED_GPU_PIP=tensorrt)")
+fi
+if ! python3 -c 'import pycuda' 2>/dev/null; then
+  command -v nvcc >/dev/null || missing+=("CUDA's nvcc to build pycuda (/usr/local/cuda/bin; Jetson: nvidia-jetpack)")
+  inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
+  [ -f "$inc/Python.h" ] || missing+=("the Python headers to build pycuda (apt-get install python3-dev)")
+  command -v g++ >/dev/null || missing+=("g++ to build pycuda (apt-get install g++)")
+fi
+command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || missing+=("mosquitto (apt-get install mosquitto)")
+if [ -n "${EDGED_WHEELS:-}" ] && [ ! -d "$EDGED_WHEELS" ]; then missing+=("EDGED_WHEELS=$EDGED_WHEELS: no such folder"); fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "gpu-check: missing prerequisites:"
+  printf '  - %s\n' "${missing[@]}"
+  exit 1
+fi
+PIP=(-m pip install -q --disable-pip-version-check)
+[ -n "${EDGED_WHEELS:-}" ] && PIP+=(--no-index --find-links "$EDGED_WHEELS")
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv --system-site-packages "$VENV" || exit 1
 fi
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev,tensorrt]' || exit 1
-command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || { echo "gpu-check: install mosquitto"; exit 1; }
-"$VENV/bin/edged" model fetch-demo >/dev/null || exit 1
+# shellcheck disable=SC2086
+"$VENV/bin/python" "${PIP[@]}" -e '.[dev,tensorrt]' ${EDGED_GPU_PIP:-} \
+  || { echo "gpu-check: installing edged[dev,tensorrt] ${EDGED_GPU_PIP:-} into $VENV failed (above)"; exit 1; }
+"$VENV/bin/edged" model fetch-demo >/dev/null \
+  || { echo "gpu-check: no demo assets (edged model fetch-demo needs the internet once; or copy ~/.cache/edged/demo)"; exit 1; }
+"$VENV/bin/edged" doctor || echo "gpu-check: edged doctor reports failures (above); the tests run anyway"
 
 facts=$("$VENV/bin/python" - <<'EOF'
 from edged.daemon.backends.tensorrt import device_facts

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from edged.models.signing import TrustStore, generate_key
-from tests.conftest import build_bundle, edged_cli
-from tests.sysfs_fixtures import L4T_R36_4_0
+from tests.conftest import REPO, build_bundle, edged_cli
+from tests.sysfs_fixtures import L4T_R35_4_1, L4T_R36_4_0
 
 # one worker builds the Jetson bundle (a module fixture) once for all of them under pytest-xdist
 pytestmark = pytest.mark.xdist_group("bundle")
@@ -48,6 +48,16 @@ def test_jetson_bundle_has_aarch64_cp310_wheels_and_no_pip_opencv(jetson_bundle:
     for w in compiled:
         assert "aarch64" in w and ("-cp310-" in w or "-abi3-" in w), w
     assert not [w for w in wheels if w.startswith("opencv")]  # JetPack's OpenCV (GStreamer) is used
+    numpy = [w for w in wheels if w.startswith("numpy-")]
+    assert len(numpy) == 1 and numpy[0].startswith("numpy-1."), numpy  # JetPack's cv2 and TensorRT need 1.x
+    with tarfile.open(bundle) as tar:
+        reqs = tar.extractfile("edged-bundle/requirements.txt").read().decode().split()  # type: ignore[union-attr]
+    assert "numpy<2,>=1.24" in reqs or "numpy>=1.24,<2" in reqs, reqs
+    assert not [r for r in reqs if r.startswith(("opencv", "pycuda"))], reqs
+    # pycuda: its source and what building it offline needs; built on the device against its CUDA
+    assert [n for n in names if n.startswith("edged-bundle/wheels/pycuda-") and n.endswith(".tar.gz")]
+    assert {"setuptools", "wheel", "pytools", "mako", "platformdirs"} <= {w.split("-")[0] for w in wheels}
+    assert manifest["machine"] == "aarch64"
     for part in (
         "install.sh",
         "firstboot.sh",
@@ -89,14 +99,18 @@ def test_install_root_lays_the_bundle_into_a_rootfs(jetson_bundle: tuple[Path, P
     rootfs = tmp_path / "Linux_for_Tegra/rootfs"
     (rootfs / "etc").mkdir(parents=True)
     (rootfs / "etc/nv_tegra_release").write_text(L4T_R36_4_0 + "\n")
+    (rootfs / "usr/bin").mkdir(parents=True)
+    (rootfs / "usr/bin/python3.10").write_text("")  # JetPack 6's Python (Ubuntu 22.04)
     r = subprocess.run(["bash", str(install), "--root", str(rootfs)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     etc = rootfs / "etc"
     assert (etc / "systemd/system/edged.service").is_file()
     assert (etc / "systemd/system/edged.service.d/devices.conf").read_text().count("/dev/nvgpu/igpu0/") > 5
     wants = etc / "systemd/system/multi-user.target.wants"
-    assert os.readlink(wants / "edged.service") == "/etc/systemd/system/edged.service"
+    # edged.service is enabled by the first boot once `edged doctor` passes there, not before
+    assert not (wants / "edged.service").exists()
     assert os.readlink(wants / "edged-firstboot.service") == "/etc/systemd/system/edged-firstboot.service"
+    assert "firstboot.sh --enable" in (etc / "systemd/system/edged-firstboot.service").read_text()
     assert "device_id: FIRSTBOOT-HOSTNAME" in (etc / "edged/edged.yaml").read_text()
     assert list((etc / "edged/keys").glob("*.pub"))
     assert (rootfs / "usr/lib/sysusers.d/edged.conf").is_file()
@@ -142,3 +156,103 @@ def test_bundle_verify_checks_signature_and_every_file(jetson_bundle: tuple[Path
             dst.addfile(m, io.BytesIO(data) if m.isfile() else None)
     r = edged_cli("bundle", "verify", str(altered), "--keys", str(keys))
     assert r.returncode == 1 and "install.sh does not match bundle.json" in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="install.sh runs as root")
+def test_install_root_refuses_jetpack5(jetson_bundle: tuple[Path, Path], tmp_path: Path) -> None:
+    bundle, _ = jetson_bundle
+    with tarfile.open(bundle) as tar:
+        tar.extractall(tmp_path / "b", filter="data")
+    install = tmp_path / "b/edged-bundle/install.sh"
+    jp5 = tmp_path / "jp5"
+    (jp5 / "etc").mkdir(parents=True)
+    (jp5 / "etc/nv_tegra_release").write_text(L4T_R35_4_1 + "\n")
+    r = subprocess.run(["bash", str(install), "--root", str(jp5)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "L4T R35" in r.stderr and "JetPack 6" in r.stderr, r.stderr
+    assert not (jp5 / "opt").exists()
+    # no release file, but no Python 3.10 either (a JetPack 5 or other rootfs): refused by its Python
+    other = tmp_path / "other"
+    (other / "usr/bin").mkdir(parents=True)
+    (other / "usr/bin/python3.8").write_text("")
+    r = subprocess.run(["bash", str(install), "--root", str(other)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "no /usr/bin/python3.10" in r.stderr and "Python 3.8" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="debootstrap, overlay mounts and chroot need root")
+def test_jetson_bundle_in_a_jetpack_layout_rootfs(tmp_path: Path) -> None:
+    """The jetson-jp6 recipe installed into Ubuntu 22.04 with JetPack's Python layout (python3-numpy 1.21
+    and python3-opencv with GStreamer in dist-packages, no TensorRT, no CUDA, no GPU): `install.sh
+    --root`, then the first boot's work in a chroot, offline, then `edged doctor` there. Built for
+    x86_64 (`--machine x86_64`), since this machine cannot execute aarch64; the recipe is the same.
+    About 3 minutes, plus a few the first time (debootstrap, cached in /var/cache/edged-nspawn)."""
+    from edged.models.demo import fetch_demo
+
+    r = subprocess.run(
+        ["bash", str(REPO / "tests/nspawn/jetpack-rootfs.sh")], capture_output=True, text=True, timeout=1800
+    )
+    assert r.returncode == 0, r.stderr
+    rootfs = Path(r.stdout.strip().splitlines()[-1])
+    key, _ = generate_key(tmp_path / "keys")
+    demo = fetch_demo()
+    r = edged_cli(
+        "model",
+        "pack",
+        str(demo.packages["blazeface-back"].root),
+        "--out",
+        str(tmp_path / "faces-1.tar"),
+        "--key",
+        str(key),
+    )
+    assert r.returncode == 0, r.stderr
+    r = edged_cli(
+        "bundle", "build", "--target", "jetson-jp6", "--machine", "x86_64", "--keys", str(tmp_path / "keys"),
+        "--model", str(tmp_path / "faces-1.tar"), "--key", str(key), "--out", str(tmp_path / "out"), timeout=1200,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    with tarfile.open(next((tmp_path / "out").glob("*.tar"))) as tar:
+        tar.extractall(tmp_path / "b", filter="data")
+    out = tmp_path / "result"
+    r = subprocess.run(
+        [
+            "bash",
+            str(REPO / "tests/nspawn/jetpack-install.sh"),
+            str(rootfs),
+            str(tmp_path / "b/edged-bundle"),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    logs = "\n".join(f"== {p.name}\n{p.read_text()[-3000:]}" for p in sorted(out.glob("*.*")) if p.is_file())
+    print(logs)
+    assert r.returncode == 0, r.stderr + logs
+    assert "laid out into" in (out / "install.log").read_text()
+    # the first boot: pycuda cannot be built (no CUDA, no python3-dev, no compiler), and says so
+    first = (out / "firstboot.log").read_text()
+    assert (out / "firstboot.rc").read_text().strip() == "0", first
+    assert "pycuda NOT built; missing: CUDA on PATH" in first and "python3-dev" in first, first
+    assert "edged can run here" in first and (out / "enabled").exists()
+    # cv2 is JetPack's (the system's, with GStreamer), numpy is 1.x; the two work together
+    probe = (out / "probe.txt").read_text()
+    assert "cv2 4.5.4 /usr/lib/python3/dist-packages/cv2" in probe, probe
+    assert "numpy 1." in probe and "cv2 on numpy: (2, 2, 3)" in probe, probe
+    doc = json.loads((out / "doctor.json").read_text())
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert (out / "doctor.rc").read_text().strip() == "0" and doc["ok"], doc
+    assert checks["python"]["detail"].startswith("Python 3.10.")
+    assert checks["numpy"]["status"] == "ok" and checks["numpy"]["detail"].startswith("numpy 1.")
+    assert "from the system: /usr/lib/python3/dist-packages/cv2" in checks["opencv"]["detail"], checks["opencv"]
+    assert checks["gst-cv2"]["status"] == "ok" and "with GStreamer" in checks["gst-cv2"]["detail"]
+    assert checks["gst-nv"]["status"] == "warn" and "nvarguscamerasrc" in checks["gst-nv"]["detail"]
+    assert checks["tensorrt"]["status"] == "n/a" and "python3-libnvinfer" in checks["tensorrt"]["fix"]
+    assert checks["l4t"]["status"] == "ok" and "R36.4.0" in checks["l4t"]["detail"]
+    assert checks["model"]["status"] == "ok" and "blazeface-back v1" in checks["model"]["detail"]
+    assert checks["state_dir"]["status"] == "ok" and checks["broker"]["status"] == "warn"
+    # a model that needs TensorRT: required checks fail, and the first boot leaves edged disabled
+    trt = (out / "doctor-trt.txt").read_text()
+    assert (out / "doctor-trt.rc").read_text().strip() == "1" and "FAIL tensorrt" in trt, trt
+    first = (out / "firstboot-trt.log").read_text()
+    assert (out / "firstboot-trt.rc").read_text().strip() == "1" and "FAIL tensorrt" in first, first
+    assert "edged.service is NOT enabled" in first and not (out / "enabled-trt").exists()

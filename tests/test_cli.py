@@ -104,7 +104,7 @@ def test_every_verb_names_its_handler_beside_its_options() -> None:
 
     found = dict(leaves(build_parser(), ()))
     assert sorted(found) == sorted(
-        ["run", "check-config", "watch", "telemetry", "quantize", "build-engine", "keys generate", "push"]
+        ["run", "check-config", "doctor", "watch", "telemetry", "quantize", "build-engine", "keys generate", "push"]
         + [f"certs {v}" for v in ("ca", "server", "device", "backend", "revoke", "crl", "status", "acl")]
         + [f"bundle {v}" for v in ("build", "verify")]
         + [

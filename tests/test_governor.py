@@ -215,3 +215,58 @@ def test_daemon_stops_at_the_hard_memory_limit(start_daemon, demo: DemoAssets, t
     d = start_daemon(write_config(tmp_path / "c.yaml", doc))
     assert d.proc.wait(60) == 3
     assert "stopped by the governor: memory: RSS" in d.output() and "over the hard limit 100 MB" in d.output()
+
+
+def test_unrelated_hwmon_sensors_are_not_governed_by_default(tmp_path) -> None:
+    """An Orin devkit's NVMe drive at 92 °C (a hwmon chip) is reported, but with no zones configured the
+    governor watches the SoC's thermal zones; on a machine without thermal zones, hwmon counts, except
+    storage and network chips."""
+    from edged.daemon.sensors import Sensors
+    from tests.sysfs_fixtures import BOARDS, put
+
+    root = BOARDS["orin_nano_jp6"](tmp_path / "orin")
+    put(root, "sys/class/hwmon/hwmon9/name", "nvme")
+    put(root, "sys/class/hwmon/hwmon9/temp1_label", "Composite")
+    put(root, "sys/class/hwmon/hwmon9/temp1_input", 92000)
+    r = Sensors(root).read()
+    assert r.temps_c["Composite"] == 92.0 and r.hwmon_chips == {"Composite": "nvme"}
+    assert Policy(CFG, MEM).watched_temp(r) == ("tj-thermal", 48.3)
+    assert Policy(CFG, MEM).update(r, 0).level == Level.NORMAL
+    assert Policy(CFG.model_copy(update={"zones": ["Composite"]}), MEM).watched_temp(r) == ("Composite", 92.0)
+    pc = tmp_path / "pc"  # no thermal zones: coretemp counts, the drive does not
+    for i, (chip, label, milli) in enumerate([("coretemp", "Package id 0", 61000), ("nvme", "Composite", 70000)]):
+        put(pc, f"sys/class/hwmon/hwmon{i}/name", chip)
+        put(pc, f"sys/class/hwmon/hwmon{i}/temp1_label", label)
+        put(pc, f"sys/class/hwmon/hwmon{i}/temp1_input", milli)
+    assert Policy(CFG, MEM).watched_temp(Sensors(pc).read()) == ("Package id 0", 61.0)
+
+
+def test_the_budget_counts_this_process_nvmap_gpu_memory(tmp_path) -> None:
+    """On a Jetson, cudaMalloc/TensorRT memory comes from nvmap and is not in RSS: the governor adds this
+    process's rows of nvmap's iovmm client table (the file jtop reads) to RSS against the budget."""
+    import os
+
+    from edged.daemon.sensors import Sensors, nvmap_process_mb
+    from tests.sysfs_fixtures import BOARDS, put
+
+    root = BOARDS["orin_nano_jp6"](tmp_path / "orin")
+    pid = os.getpid()
+    table = (
+        "CLIENT                        PROCESS      PID        SIZE\n"
+        f"user                          python3      {pid}      409600K\n"
+        f"user                          python3      {pid}      204800K\n"
+        "user                          gst-launch   1          999999K\n"
+        "total                                                 1614399K\n"
+    )
+    put(root, "sys/kernel/debug/nvmap/iovmm/clients", table)
+    assert nvmap_process_mb(pid, root) == 600.0 and nvmap_process_mb(4242424, root) == 0.0
+    assert nvmap_process_mb(pid, tmp_path / "nothing") is None  # not a Jetson, or debugfs not readable
+    r = Sensors(root).read()
+    assert r.gpu_mb == 600.0 and r.spent_mb == round((r.rss_mb or 0) + 600.0, 1)
+    # RSS alone is under the soft limit (800 of 1000 MB); with the GPU's 600 MB it is over the hard one
+    d = Policy(CFG, MEM).update(reading(50, rss_mb=400.0, gpu_mb=600.0), 0)
+    assert d.events[0]["state"] == "hard_limit" and d.events[0]["gpu_mb"] == 600.0
+    assert "RSS 400 MB + GPU (nvmap) 600 MB is over the hard limit 950 MB" in d.stop_reason
+    d = Policy(CFG, MEM).update(reading(50, rss_mb=400.0, gpu_mb=450.0), 0)
+    assert d.events[0]["state"] == "shedding" and d.fps_scale == 0.5
+    assert Policy(CFG, MEM).update(reading(50, rss_mb=400.0), 0).events == []  # no nvmap: RSS only

@@ -31,6 +31,22 @@ def test_output_verdict() -> None:
     quiet = OutputFigures(300, 3, 2.0)  # a camera that rarely sees anything: 0.01 per frame counts as 0.1
     assert output_verdict(quiet, OutputFigures(300, 60, 40.0), 10, 200) == ""
     assert output_verdict(quiet, OutputFigures(300, 310, 200.0), 10, 200).startswith("output explosion")
+    # a swap at night: the old version's last frames saw 19 faces, the new one none: nothing to judge by
+    night = OutputFigures(300, 19, 17.0)
+    assert output_verdict(night, OutputFigures(300, 0, 0.0), 10, 200) == ""
+    assert output_verdict(OutputFigures(300, 20, 18.0), OutputFigures(300, 0, 0.0), 10, 200).startswith(
+        "output collapse"
+    )
+
+
+def test_the_baseline_is_the_old_versions_newest_frames() -> None:
+    """A week of busy daytime frames, then an empty night: the baseline for a swap now is the night."""
+    from edged.daemon.inference import ActiveModel
+
+    m = ActiveModel(backend=None, decoder=None, name="faces", version=1)  # type: ignore[arg-type]
+    m.recent.extend([(2, 1.8)] * 4000 + [(0, 0.0)] * 300)
+    assert m.recent_output(200) == OutputFigures(200, 0, 0.0)
+    assert m.recent_output(400).detections == 200
 
 
 def blind(src: Path, out: Path, shift: float = -40.0) -> Path:
