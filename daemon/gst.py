@@ -16,11 +16,14 @@ reason, credentials scrubbed, so the camera's ``last_error`` says why.
 from __future__ import annotations
 
 import logging
+import re
+import socket
 import threading
 import time
 import warnings
 from functools import cache
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -83,6 +86,29 @@ def have() -> set[str]:
     return {e for e in OPTIONAL if has_element(e)}
 
 
+_ELEMENT_PATH = re.compile(r"/?(?:Gst\w+:[\w.-]+/?)+:\s*")
+
+
+def connect_reason(uri: str, timeout_s: float) -> str | None:
+    """Why a TCP connection to `uri`'s host and port fails (GStreamer only says "Failed to connect")."""
+    try:
+        parts = urlsplit(uri)
+        host, port = parts.hostname or "", parts.port or (322 if parts.scheme == "rtsps" else 554)
+    except ValueError:
+        return None
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except ConnectionRefusedError:
+        return f"connection refused: nothing listens on {host} port {port}"
+    except socket.gaierror as exc:
+        return f"host {host!r} not found ({exc.strerror})"
+    except TimeoutError:
+        return f"no answer from {host} port {port} within {timeout_s:g} s"
+    except OSError as exc:
+        return f"cannot connect to {host} port {port}: {exc.strerror or exc}"
+
+
 def parse_check(description: str, shown: str) -> None:
     """Raise CaptureError when a pipeline does not parse (an unknown element, a bad property)."""
     gst, glib, why = _load()
@@ -114,8 +140,8 @@ def explain(err: Any, debug: str | None) -> str:
         hint = "no such device or file"
     elif "tls" in low or "certificate" in low:
         hint = "TLS failure"
-    # the debug string's last ': ' part is usually the reason (…/gstrtspsrc.c(…): …: Unauthorized (401))
-    tailtxt = detail.rsplit("):", 1)[-1].strip() if detail else ""
+    # the debug string's last part is usually the reason (…/gstrtspsrc.c(…): …/GstRTSPSrc:src: Unauthorized (401))
+    tailtxt = _ELEMENT_PATH.sub("", detail.rsplit("):", 1)[-1]).strip() if detail else ""
     text = f"{hint} ({msg}: {tailtxt})" if hint else f"{msg}: {tailtxt}" if tailtxt else msg
     return scrub(text[:400])
 
@@ -158,6 +184,8 @@ class GstSource:
         if src is not None and src.get_factory() is not None and src.get_factory().get_name() == "rtspsrc":
             src.connect("select-stream", self._video_only)  # a camera's audio track is not linked
         self.sink = self.pipeline.get_by_name("sink") or self._find_appsink()
+        if self.sink.get_property("caps") is None:  # a gst:// pipeline that left them open: formats we read
+            self.sink.set_property("caps", gst.Caps.from_string(f"video/x-raw,format={{{','.join(_CHANNELS)}}}"))
         self.sink.set_property("max-buffers", 1)
         self.sink.set_property("drop", p.live)
         self.sink.set_property("sync", False)
@@ -272,6 +300,9 @@ class GstSource:
             raise CaptureError(
                 f"{self._shown}: appsink format {fmt}: end the pipeline with videoconvert ! video/x-raw,format=BGR"
             )
+        if not self.fps:
+            ok_f, num, den = caps.get_fraction("framerate")
+            self.fps = num / den if ok_f and num and den else 0.0
         buf = sample.get_buffer()
         ok, info = buf.map(self._gst.MapFlags.READ)
         if not ok:
@@ -311,4 +342,11 @@ def open_gst(
     stop: threading.Event | None = None,
 ) -> GstSource:
     p = plan(uri, have(), latency_ms, transport, timeout_s)
-    return GstSource(p, timeout_s, target_size if p.scalable else None, stop, shown)
+    try:
+        return GstSource(p, timeout_s, target_size if p.scalable else None, stop, shown)
+    except CaptureError as exc:
+        if uri.startswith("rtsp") and "Failed to connect" in str(exc):
+            why = connect_reason(uri, timeout_s)
+            if why is not None:
+                raise CaptureError(f"{shown}: {why}") from exc
+        raise
