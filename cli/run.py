@@ -83,7 +83,7 @@ def _check(args: argparse.Namespace) -> int:
         f"{args.config}: config valid (device {cfg.device_id}, {len(cfg.cameras)} camera(s), "
         f"broker {cfg.mqtt.host}:{cfg.mqtt.port})"
     )
-    from edged.daemon.capture import check_camera
+    from edged.daemon.gstprobe import check_camera
     from edged.errors import CaptureError
 
     bad = 0

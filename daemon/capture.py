@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
@@ -34,7 +33,8 @@ from edged.errors import CaptureError
 from . import gst
 from .backoff import Backoff
 from .config import CameraConfig
-from .gstpipe import csi_options, file_path, plan, v4l2_options
+from .gst import GST_SCHEMES, use_gstreamer
+from .gstpipe import csi_options, file_path, v4l2_options
 from .netcam import open_http, probe_rtsp
 from .preprocess import Preprocessor, Transform
 from .redact import redact, scrub
@@ -42,7 +42,6 @@ from .redact import redact, scrub
 logger = logging.getLogger(__name__)
 
 NO_FRAME = None
-GST_SCHEMES = {"file", "v4l2", "rtsp", "rtsps", "csi", "gst"}
 
 
 class Source(Protocol):
@@ -136,42 +135,7 @@ def _with_password(cam: CameraConfig) -> str:
     return urlunsplit(parts._replace(netloc=f"{userinfo}:{quote(lines[0], safe='')}@{hostport}"))
 
 
-def use_gstreamer(cam: CameraConfig) -> bool:
-    """Whether `cam` goes through the GStreamer path (`backend`; auto = where PyGObject and GStreamer load)."""
-    scheme = cam.uri.split("://", 1)[0]
-    if scheme not in GST_SCHEMES or cam.backend == "opencv":
-        return False
-    if cam.backend == "gstreamer":
-        if not gst.available():
-            raise CaptureError(f"{cam.display}: backend gstreamer: {gst.why_unavailable()}")
-        return True
-    return gst.available()
-
-
-def check_camera(cam: CameraConfig) -> str:
-    """What `check-config` can tell without opening the camera: the path it would take; raises
-    CaptureError for a file or device that does not exist, csi:// without nvarguscamerasrc, a
-    gst:// pipeline that does not parse."""
-    scheme = cam.uri.split("://", 1)[0]
-    if scheme == "file":
-        path = file_path(cam.uri)
-        if not path.is_file():
-            raise CaptureError(f"{cam.display}: no such file {path}")
-    elif scheme == "v4l2":
-        dev = v4l2_options(cam.uri).device
-        if not Path(dev).exists():
-            raise CaptureError(f"{cam.display}: no such device {dev}")
-    if not use_gstreamer(cam):
-        if scheme in {"csi", "gst"} and not _has_gstreamer():
-            raise CaptureError(f"{cam.display}: {_NO_GST.format(scheme=scheme)}")
-        return "opencv" if scheme in GST_SCHEMES else "edged"
-    p = plan(cam.uri, gst.have(), cam.rtsp_latency_ms, cam.rtsp_transport, cam.stall_timeout_s)
-    if scheme == "gst":
-        gst.parse_check(p.description, cam.display)
-    return "gstreamer" + (" (nvvidconv)" if p.nvmm else "")
-
-
-_NO_GST = (
+NO_GST = (
     "this OpenCV was built without GStreamer and PyGObject's GStreamer is not importable, which {scheme}:// "
     "needs; install python3-gi and gir1.2-gstreamer-1.0 (on a Jetson: a venv made with --system-site-packages)"
 )
@@ -238,7 +202,7 @@ def open_source(
         return OpenCvSource(uri, cv2.CAP_FFMPEG, net)
     if scheme in {"csi", "gst"}:
         if not _has_gstreamer():
-            raise CaptureError(f"{shown}: {_NO_GST.format(scheme=scheme)}")
+            raise CaptureError(f"{shown}: {NO_GST.format(scheme=scheme)}")
         if scheme == "csi":
             c = csi_options(cam.uri)
             caps = "video/x-raw(memory:NVMM)" + (f",width={c.width},height={c.height}" if c.width and c.height else "")

@@ -29,11 +29,13 @@ import numpy as np
 
 from edged.errors import CaptureError
 
+from .config import CameraConfig
 from .gstpipe import Plan, plan
 from .redact import scrub
 
 logger = logging.getLogger(__name__)
 
+GST_SCHEMES = {"file", "v4l2", "rtsp", "rtsps", "csi", "gst"}  # what the GStreamer path opens
 OPTIONAL = ("nvvidconv", "nvarguscamerasrc", "nvv4l2decoder")
 POLL_S = 0.1  # how often a waiting read looks at the bus and at the stop event
 _CHANNELS = {"BGR": 3, "RGB": 3, "BGRx": 4, "BGRA": 4, "RGBx": 4, "RGBA": 4, "GRAY8": 1}
@@ -330,6 +332,18 @@ class GstSource:
 
     def close(self) -> None:
         self.pipeline.set_state(self._gst.State.NULL)
+
+
+def use_gstreamer(cam: CameraConfig) -> bool:
+    """Whether `cam` goes through the GStreamer path (`backend`; auto = where PyGObject and GStreamer load)."""
+    scheme = cam.uri.split("://", 1)[0]
+    if scheme not in GST_SCHEMES or cam.backend == "opencv":
+        return False
+    if cam.backend == "gstreamer":
+        if not available():
+            raise CaptureError(f"{cam.display}: backend gstreamer: {why_unavailable()}")
+        return True
+    return available()
 
 
 def open_gst(

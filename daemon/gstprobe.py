@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from edged.errors import CaptureError
 
 from . import gst
-from .capture import GST_SCHEMES, check_camera, open_source
+from .capture import NO_GST, _has_gstreamer, open_source
 from .config import CameraConfig
+from .gst import GST_SCHEMES
+from .gstpipe import file_path, plan, v4l2_options
 
 PROBE_FRAMES = 10
 PROBE_S = 2.0
@@ -31,6 +34,29 @@ class Probe:
     def line(self) -> str:
         fps = f"{self.fps:.1f} fps" if self.fps else "fps unknown"
         return f"{self.width}x{self.height}, {fps}, {self.codec or 'codec unknown'}; {self.path}"
+
+
+def check_camera(cam: CameraConfig) -> str:
+    """What `check-config` can tell without opening the camera: the path it would take; raises
+    CaptureError for a file or device that does not exist, csi:// without nvarguscamerasrc, a
+    gst:// pipeline that does not parse."""
+    scheme = cam.uri.split("://", 1)[0]
+    if scheme == "file":
+        path = file_path(cam.uri)
+        if not path.is_file():
+            raise CaptureError(f"{cam.display}: no such file {path}")
+    elif scheme == "v4l2":
+        dev = v4l2_options(cam.uri).device
+        if not Path(dev).exists():
+            raise CaptureError(f"{cam.display}: no such device {dev}")
+    if not gst.use_gstreamer(cam):
+        if scheme in {"csi", "gst"} and not _has_gstreamer():
+            raise CaptureError(f"{cam.display}: {NO_GST.format(scheme=scheme)}")
+        return "opencv" if scheme in GST_SCHEMES else "edged"
+    p = plan(cam.uri, gst.have(), cam.rtsp_latency_ms, cam.rtsp_transport, cam.stall_timeout_s)
+    if scheme == "gst":
+        gst.parse_check(p.description, cam.display)
+    return "gstreamer" + (" (nvvidconv)" if p.nvmm else "")
 
 
 def probe_camera(cam: CameraConfig) -> Probe:

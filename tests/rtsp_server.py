@@ -15,12 +15,17 @@ import warnings
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", ImportWarning)
-    import gi
+    import gi  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     gi.require_version("Gst", "1.0")
     gi.require_version("GstRtsp", "1.0")
     gi.require_version("GstRtspServer", "1.0")
-    from gi.repository import GLib, Gst, GstRtsp, GstRtspServer
+    from gi.repository import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        GLib,
+        Gst,
+        GstRtsp,
+        GstRtspServer,
+    )
 
 
 def main() -> int:

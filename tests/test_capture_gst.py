@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from edged.daemon import gst
-from edged.daemon.capture import Camera, check_camera, join_all, open_source
+from edged.daemon.capture import Camera, join_all, open_source
 from edged.daemon.config import CameraConfig
+from edged.daemon.gstprobe import check_camera
 from edged.daemon.preprocess import Preprocessor
 from edged.errors import CaptureError
 from edged.models.demo import DemoAssets
@@ -98,10 +99,9 @@ def taken_sizes(cam: Camera, cond: threading.Condition, n: int, timeout: float) 
 
 
 # --- URIs and refusals ---------------------------------------------------------------------------
-def test_file_uris_localhost_and_percent_encoding(demo: DemoAssets, tmp_path: Path, rig) -> None:
+def test_file_uris_localhost_and_percent_encoding(demo: DemoAssets, tmp_path: Path) -> None:
     spaced = tmp_path / "a video #1.mp4"
     spaced.symlink_to(demo.video)
-    cond, stop = rig
     for uri in (f"file://localhost{demo.video}", "file://" + str(spaced).replace(" ", "%20").replace("#", "%23")):
         for backend in ("gstreamer", "opencv"):
             cam = CameraConfig(name="c", uri=uri, backend=backend)
@@ -125,7 +125,7 @@ def test_check_config_refusals(tmp_path: Path) -> None:
     refused("v4l2:///dev/video0?size=640", "unknown option")
     if not gst.has_element("nvarguscamerasrc"):
         refused("csi://0?width=1920&height=1080&fps=30", "needs GStreamer's nvarguscamerasrc")
-    refused("gst://videotestsrc ! nosuchelement ! appsink", "no element \"nosuchelement\"")
+    refused("gst://videotestsrc ! nosuchelement ! appsink", 'no element "nosuchelement"')
     refused("gst://videotestsrc ! fakesink", "must end in an appsink")
     with pytest.raises(ValueError, match="rtsps://, http://, https://"):
         CameraConfig(name="c", uri="ftp://x/y")
