@@ -208,6 +208,8 @@ class GstSource:
             raise
         if self._pending is None:
             self.close()
+            if self._live and p.props.get("location"):  # a network camera: connected, or not, and then silent
+                raise CaptureError(f"{shown}: no answer (no frame) within {timeout_s:g} s")
             raise CaptureError(f"{shown}: no frame within {timeout_s:g} s of opening")
 
     # --- pipeline callbacks (streaming threads) -----------------------------------------------
