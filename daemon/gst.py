@@ -41,9 +41,18 @@ POLL_S = 0.1  # how often a waiting read looks at the bus and at the stop event
 _CHANNELS = {"BGR": 3, "RGB": 3, "BGRx": 4, "BGRA": 4, "RGBx": 4, "RGBA": 4, "GRAY8": 1}
 
 
-@cache
+_LOAD_LOCK = threading.Lock()
+
+
 def _load() -> tuple[Any, Any, str]:
-    """(Gst, GLib, '') when PyGObject and GStreamer load, else (None, None, why not)."""
+    """(Gst, GLib, '') when PyGObject and GStreamer load, else (None, None, why not). Once per process,
+    whichever camera thread comes first."""
+    with _LOAD_LOCK:
+        return _load_once()
+
+
+@cache
+def _load_once() -> tuple[Any, Any, str]:
     try:
         with warnings.catch_warnings():  # gi's importer predates exec_module (an ImportWarning on 3.11)
             warnings.simplefilter("ignore", ImportWarning)

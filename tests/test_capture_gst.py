@@ -32,6 +32,7 @@ pytestmark = pytest.mark.skipif(not gst.available(), reason=f"GStreamer capture 
 
 HERE = Path(__file__).parent
 SPEC = InputSpec(name="x", shape=[1, 256, 256, 3], layout="NHWC")
+BGR = "video/x-raw,format=BGR"
 PASSWORD = "s3cr#t!"  # percent-encoded in the URI
 
 
@@ -127,6 +128,8 @@ def test_check_config_refusals(tmp_path: Path) -> None:
         refused("csi://0?width=1920&height=1080&fps=30", "needs GStreamer's nvarguscamerasrc")
     refused("gst://videotestsrc ! nosuchelement ! appsink", 'no element "nosuchelement"')
     refused("gst://videotestsrc ! fakesink", "must end in an appsink")
+    with pytest.raises(CaptureError, match=r"can't handle caps video/x-raw, format=\(string\)NV12"):
+        open_source(CameraConfig(name="c", uri=f"gst://videotestsrc ! video/x-raw,format=NV12 ! appsink caps={BGR}"))
     with pytest.raises(ValueError, match="rtsps://, http://, https://"):
         CameraConfig(name="c", uri="ftp://x/y")
 
