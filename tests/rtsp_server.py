@@ -36,15 +36,17 @@ def main() -> int:
     ap.add_argument("--user")
     ap.add_argument("--password")
     ap.add_argument("--shared", action="store_true", help="one encoder for every client")
+    ap.add_argument("--h264", action="store_true", help="VIDEO is H.264 already: sent as it is, not re-encoded")
     args = ap.parse_args()
     Gst.init(None)
     server = GstRtspServer.RTSPServer()
     server.set_address("127.0.0.1")
     server.set_service(str(args.port))
     factory = GstRtspServer.RTSPMediaFactory()
+    encode = "" if args.h264 else "decodebin ! videoconvert ! openh264enc complexity=low ! "
     factory.set_launch(
-        f'( filesrc location="{args.video}" ! qtdemux ! decodebin ! videoconvert ! '
-        "openh264enc complexity=low ! h264parse ! rtph264pay name=pay0 pt=96 config-interval=1 )"
+        f'( filesrc location="{args.video}" ! qtdemux ! {encode}'
+        "h264parse ! rtph264pay name=pay0 pt=96 config-interval=1 )"
     )
     factory.set_shared(args.shared)
     trans = {
