@@ -211,7 +211,7 @@ class GstSource:
         try:
             if self.pipeline.set_state(gst.State.PLAYING) == gst.StateChangeReturn.FAILURE:
                 self._raise_bus_error(f"{shown}: the pipeline would not start")
-            self._pending = self._pull(timeout_s, opening=True)
+            self._pending = self._pull(timeout_s)
         except BaseException:
             self.close()
             raise
@@ -289,19 +289,20 @@ class GstSource:
                 raise CaptureError(f"{self._shown}: {explain(err, debug)}")
             return True
 
-    def _pull(self, wait_s: float, opening: bool = False) -> np.ndarray | None:
+    def _pull(self, wait_s: float) -> np.ndarray | None:
+        """The next frame; None at a file's end, at `stop`, or after `wait_s` without one."""
         deadline = time.monotonic() + wait_s
         while True:
             ended = self._check_bus()
-            sample = self.sink.try_pull_sample(int(POLL_S * 1e9)) if not ended else None
+            # after the end, what the appsink still holds (a file's last frame) is taken first
+            sample = self.sink.try_pull_sample(0 if ended else int(POLL_S * 1e9))
             if sample is not None:
                 return self._frame(sample)
             if ended or self.sink.is_eos():
-                if self._check_bus() or not self._live or opening:
-                    if self._live:
-                        raise CaptureError(f"{self._shown}: end of stream (the source closed it)")
-                    return None
-                raise CaptureError(f"{self._shown}: end of stream (the source closed it)")
+                self._check_bus()  # an error posted with the end is the reason
+                if self._live:
+                    raise CaptureError(f"{self._shown}: end of stream (the source closed it)")
+                return None
             if self._stop.is_set() or time.monotonic() >= deadline:
                 return None
 
