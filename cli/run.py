@@ -22,11 +22,17 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     chk = sub.add_parser(
         "check-config",
         help="validate a config; exit 0 if good, 1 if not",
-        description="Validate the config (every error names the key and file), then check "
-        "that its model package opens and its backend and decoder are available.",
+        description="Validate the config (every error names the key and file), check each camera without "
+        "opening it (a file or device that does not exist, csi:// without nvarguscamerasrc, a gst:// pipeline "
+        "that does not parse), then check that its model package opens and its backend and decoder are available.",
     )
     chk.add_argument("-c", "--config", required=True, type=Path)
     chk.add_argument("--no-model", action="store_true", help="validate the file only, do not open the model")
+    chk.add_argument(
+        "--probe-cameras",
+        action="store_true",
+        help="open each camera once and print its resolution, frame rate, codec and the capture path chosen",
+    )
     chk.set_defaults(func=_check)
 
 
@@ -77,8 +83,29 @@ def _check(args: argparse.Namespace) -> int:
         f"{args.config}: config valid (device {cfg.device_id}, {len(cfg.cameras)} camera(s), "
         f"broker {cfg.mqtt.host}:{cfg.mqtt.port})"
     )
+    from edged.daemon.gstprobe import check_camera
+    from edged.errors import CaptureError
+
+    bad = 0
     for cam in cfg.cameras:  # the display form: no user, no password
-        print(f"camera {cam.name}: {cam.display}" + (" (password from password_file)" if cam.password_file else ""))
+        shown = f"camera {cam.name}: {cam.display}" + (" (password from password_file)" if cam.password_file else "")
+        try:
+            print(f"{shown}: capture {check_camera(cam)}")
+        except CaptureError as exc:
+            print(f"{shown}: {exc}", file=sys.stderr)
+            bad += 1
+            continue
+        if args.probe_cameras:
+            from edged.daemon.gstprobe import probe_camera
+
+            try:
+                print(f"  probe: {probe_camera(cam).line()}")
+            except CaptureError as exc:
+                print(f"  probe failed: {exc}", file=sys.stderr)
+                bad += 1
+    if bad:
+        print(f"{args.config}: {bad} camera(s) failed their check", file=sys.stderr)
+        return 1
     if args.no_model:
         return 0
     from edged.daemon.backends import open_backend

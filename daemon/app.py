@@ -30,7 +30,7 @@ from edged.protocol import topics
 from edged.protocol.schemas import EVENT_SCHEMA
 
 from .backends import Backend
-from .capture import Camera, Throttle
+from .capture import Camera, Throttle, join_all
 from .commands import Commands
 from .config import Config
 from .control import Control
@@ -385,8 +385,7 @@ class Daemon:
         self.request_stop()
         if self.governor is not None:
             self.governor.stop()
-        for c in self.cameras:
-            c.join(5.0)
+        join_all(self.cameras, 5.0)  # in parallel: several hung sources cost one bound, not one each
         self.loop.join(10.0)
         try:
             self.publisher.publish_json(topics.TELEMETRY, self.telemetry.document(), qos=0, retain=True)

@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
@@ -32,7 +31,10 @@ import numpy as np
 from edged.errors import CaptureError
 from edged.protocol.backoff import Backoff
 
+from . import gst
 from .config import CameraConfig
+from .gst import GST_SCHEMES, use_gstreamer
+from .gstpipe import csi_options, file_path, v4l2_options
 from .netcam import open_http, probe_rtsp
 from .preprocess import Preprocessor, Transform
 from .redact import redact, scrub
@@ -44,6 +46,8 @@ NO_FRAME = None
 
 class Source(Protocol):
     fps: float  # the source's own rate, 0 when unknown
+    # set when the last frame read was scaled (in a GStreamer pipeline) from a source of this (w, h)
+    scaled_from: tuple[int, int] | None
 
     def read(self) -> np.ndarray | None:
         """Next frame (BGR), or None at the end of a file or when the source failed."""
@@ -52,6 +56,8 @@ class Source(Protocol):
 
 
 class OpenCvSource:
+    scaled_from: tuple[int, int] | None = None
+
     def __init__(self, target: str | int, api: int, params: list[int]) -> None:
         self._cap = cv2.VideoCapture(target, api, params)
         if not self._cap.isOpened():
@@ -73,6 +79,8 @@ class OpenCvSource:
 
 class SyntheticSource:
     """A moving test pattern: gradient, a bouncing disc and the frame number. No faces."""
+
+    scaled_from: tuple[int, int] | None = None
 
     def __init__(self, width: int, height: int, fps: float) -> None:
         if not (16 <= width <= 7680 and 16 <= height <= 4320 and 0 < fps <= 240):
@@ -127,9 +135,20 @@ def _with_password(cam: CameraConfig) -> str:
     return urlunsplit(parts._replace(netloc=f"{userinfo}:{quote(lines[0], safe='')}@{hostport}"))
 
 
-def open_source(cam: CameraConfig) -> Source:
+NO_GST = (
+    "this OpenCV was built without GStreamer and PyGObject's GStreamer is not importable, which {scheme}:// "
+    "needs; install python3-gi and gir1.2-gstreamer-1.0 (on a Jetson: a venv made with --system-site-packages)"
+)
+
+
+def open_source(
+    cam: CameraConfig,
+    spec_size: Callable[[int, int], tuple[int, int]] | None = None,
+    stop: threading.Event | None = None,
+) -> Source:
     """Open the camera's URI; raise CaptureError with the reason when it cannot be opened. Messages
-    name the camera by its display form (`cam.display`: no credentials)."""
+    name the camera by its display form (`cam.display`: no credentials). `spec_size`: the size a
+    source of (w, h) is scaled to for the model, for the GStreamer path to scale in the pipeline."""
     shown = cam.display
     scheme, rest = cam.uri.split("://", 1)
     timeout_ms = int(cam.stall_timeout_s * 1000)
@@ -145,12 +164,33 @@ def open_source(cam: CameraConfig) -> Source:
         except ValueError as exc:
             raise CaptureError(f"{shown}: bad synthetic parameters: {exc}") from exc
     if scheme == "file":
-        path = Path(rest)
+        path = file_path(cam.uri)
         if not path.is_file():
             raise CaptureError(f"{shown}: no such file")
-        return OpenCvSource(str(path), cv2.CAP_FFMPEG, [])
+    if use_gstreamer(cam):
+        uri = _with_password(cam) if scheme in {"rtsp", "rtsps"} else cam.uri
+        return gst.open_gst(
+            uri,
+            shown,
+            cam.rtsp_latency_ms,
+            cam.rtsp_transport,
+            cam.stall_timeout_s,
+            spec_size if cam.scale_in_pipeline else None,
+            stop,
+        )
+    if scheme == "file":
+        return OpenCvSource(str(file_path(cam.uri)), cv2.CAP_FFMPEG, [])
     if scheme == "v4l2":
-        return OpenCvSource(rest if rest.startswith("/") else "/" + rest, cv2.CAP_V4L2, [])
+        o = v4l2_options(cam.uri)
+        params: list[int] = []
+        if o.format:
+            params += [cv2.CAP_PROP_FOURCC, cv2.VideoWriter.fourcc(*o.format.replace("YUY2", "YUYV"))]
+        for prop, value in ((cv2.CAP_PROP_FRAME_WIDTH, o.width), (cv2.CAP_PROP_FRAME_HEIGHT, o.height)):
+            if value:
+                params += [prop, value]
+        if o.fps:
+            params += [cv2.CAP_PROP_FPS, o.fps]
+        return OpenCvSource(o.device, cv2.CAP_V4L2, params)
     # Network sources: the server must answer here, within the open timeout, before FFmpeg's open
     # (which holds a lock every other camera's open waits on) is tried; MJPEG needs no FFmpeg at all.
     uri = _with_password(cam)
@@ -162,15 +202,12 @@ def open_source(cam: CameraConfig) -> Source:
         return OpenCvSource(uri, cv2.CAP_FFMPEG, net)
     if scheme in {"csi", "gst"}:
         if not _has_gstreamer():
-            raise CaptureError(
-                f"{shown}: this OpenCV was built without GStreamer, which {scheme}:// needs; on a Jetson use "
-                "JetPack's OpenCV (python3-opencv) in a venv made with --system-site-packages"
-            )
+            raise CaptureError(f"{shown}: {NO_GST.format(scheme=scheme)}")
         if scheme == "csi":
-            if not rest.isdigit():
-                raise CaptureError(f"{shown}: csi:// takes a sensor id, e.g. csi://0")
+            c = csi_options(cam.uri)
+            caps = "video/x-raw(memory:NVMM)" + (f",width={c.width},height={c.height}" if c.width and c.height else "")
             pipeline = (
-                f"nvarguscamerasrc sensor-id={rest} ! video/x-raw(memory:NVMM),framerate={round(cam.fps_max)}/1 ! "
+                f"nvarguscamerasrc sensor-id={c.sensor_id} ! {caps},framerate={c.fps or round(cam.fps_max)}/1 ! "
                 "nvvidconv ! video/x-raw,format=BGRx ! videoconvert ! video/x-raw,format=BGR ! "
                 "appsink drop=true max-buffers=1 sync=false"
             )
@@ -227,7 +264,7 @@ class Camera:
         pre: Preprocessor,
         cond: threading.Condition,
         stop: threading.Event,
-        opener: Callable[[CameraConfig], Source] = open_source,
+        opener: Callable[[CameraConfig], Source] | None = None,
         throttle: Throttle | None = None,
     ) -> None:
         self.cfg = cfg
@@ -235,14 +272,15 @@ class Camera:
         self.pre = pre
         self.cond = cond
         self._stop = stop
-        self._opener = opener
+        self._opener = opener or (lambda c: open_source(c, pre.inner_size, stop))
         self.throttle = throttle or Throttle()
         self.rows = [pre.new_row() for _ in range(3)]
         self._meta: list[FrameMeta | None] = [None, None, None]
         self._free = [0, 1, 2]
         self._ready: int | None = None
         self.stats = CameraStats()
-        self.last_frame: np.ndarray | None = None  # the newest frame offered, for snapshots
+        self._got_frames = False
+        self._last: tuple[np.ndarray, tuple[int, int] | None] | None = None  # newest frame offered, its source size
         self._thread = threading.Thread(target=self._run, name=f"camera-{cfg.name}", daemon=True)
 
     # --- called by the inference thread, with `cond` held -------------------------------------
@@ -264,6 +302,16 @@ class Camera:
         self.cond.notify_all()
 
     @property
+    def last_frame(self) -> np.ndarray | None:
+        """The newest frame offered, for snapshots, at the source's size (a frame the pipeline scaled is
+        scaled back up here, only when asked, so boxes in source pixels land on it)."""
+        last = self._last
+        if last is None:
+            return None
+        frame, src = last
+        return frame if src is None else cv2.resize(frame, src, interpolation=cv2.INTER_LINEAR)
+
+    @property
     def live(self) -> bool:
         return self.stats.state == "up"
 
@@ -278,6 +326,13 @@ class Camera:
         # full jitter: cameras behind one switch that came back do not all reopen at the same instant
         backoff = Backoff(self.cfg.reconnect_min_s, max(self.cfg.reconnect_min_s, self.cfg.reconnect_max_s))
         failed_before = False
+        scheme = self.cfg.uri.split("://", 1)[0]
+        if scheme in GST_SCHEMES:
+            try:
+                path = "GStreamer" if use_gstreamer(self.cfg) else "OpenCV"
+            except CaptureError as exc:
+                path = str(exc)
+            logger.info("camera %s: capture path %s (backend %s)", self.name, path, self.cfg.backend)
         while not self._stop.is_set():
             try:
                 source = self._opener(self.cfg)
@@ -294,8 +349,11 @@ class Camera:
                 logger.info("camera %s: up (%s)", self.name, self.cfg.display)
             self.stats.state = "up"
             self.stats.last_error = ""
+            reason = ""
             try:
                 outcome, got_frames = self._stream(source)
+            except CaptureError as exc:  # the source said why it failed (a bus error, the server closed)
+                outcome, got_frames, reason = "failed", self._got_frames, str(exc)
             except Exception:  # a loop boundary: log once with the traceback, count, reconnect
                 logger.exception("camera %s: unexpected error", self.name)
                 self.stats.errors += 1
@@ -314,7 +372,7 @@ class Camera:
                 return
             if outcome == "stopped":
                 break
-            self._down(f"source {outcome}")
+            self._down(reason or f"source {outcome}")
             failed_before = True
             if self._stop.wait(backoff.next_s()):
                 break
@@ -340,6 +398,7 @@ class Camera:
         # A file read as fast as inference takes it (realtime: false) is not capped: every frame counts.
         min_gap = 0.0 if is_file and not self.cfg.realtime else 1.0 / self.cfg.fps_max
         index = 0
+        self._got_frames = False
         next_due = last_frame = time.monotonic()
         next_keep = 0.0
         while not self._stop.is_set():
@@ -358,6 +417,7 @@ class Camera:
                     return "stalled", index > 0
                 return "failed", index > 0
             last_frame = now
+            self._got_frames = True
             frame_no = index
             index += 1
             if self.throttle.paused:
@@ -366,11 +426,13 @@ class Camera:
             if now < next_keep - 0.25 * gap:
                 continue  # over the camera's (governed) fps cap; a quarter frame of jitter is tolerated
             next_keep = max(next_keep, now - 0.25 * gap) + gap
-            if not self._offer(frame, frame_no, now):
+            if not self._offer(frame, frame_no, now, source.scaled_from):
                 break
         return "stopped", index > 0
 
-    def _offer(self, frame: np.ndarray, frame_no: int, now_mono: float) -> bool:
+    def _offer(
+        self, frame: np.ndarray, frame_no: int, now_mono: float, src_size: tuple[int, int] | None = None
+    ) -> bool:
         wall = time.time()
         with self.cond:
             if not self.cfg.realtime and self.cfg.uri.startswith("file://"):
@@ -381,7 +443,7 @@ class Camera:
                     return False
             idx = self._free.pop()
         try:
-            transform = self.pre.run(frame, self.rows[idx])
+            transform = self.pre.run(frame, self.rows[idx], src_size)
         except Exception:
             with self.cond:
                 self._free.append(idx)
@@ -391,8 +453,18 @@ class Camera:
                 self._free.append(self._ready)
                 self.stats.drops += 1
             self._meta[idx] = FrameMeta(frame_no, wall, now_mono, transform)
-            self.last_frame = frame
+            self._last = (frame, src_size)
             self._ready = idx
             self.stats.frames += 1
             self.cond.notify_all()
         return True
+
+
+def join_all(cameras: list[Camera], timeout_s: float) -> list[str]:
+    """Wait for every camera thread (their stop event set already) within one shared `timeout_s`: the
+    threads stop in parallel, so several hung sources cost one bound, not one each. Returns the names
+    of those still running."""
+    deadline = time.monotonic() + timeout_s
+    for c in cameras:
+        c.join(max(0.0, deadline - time.monotonic()))
+    return [c.name for c in cameras if c._thread.is_alive()]

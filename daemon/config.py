@@ -212,7 +212,11 @@ class ModelConfig(_Strict):
 
 class CameraConfig(_Strict):
     name: str = Field(description="unique; a topic level (letters, digits, '_', '.', '-')")
-    uri: str = Field(description="the source: file://, v4l2://, rtsp(s)://, http(s)://, csi://, gst://, synthetic://")
+    uri: str = Field(
+        description="the source: file:///path (or file://localhost/path, percent-encoded), "
+        "v4l2:///dev/videoN or v4l2://N (?width=&height=&fps=&format=MJPG|YUYV|NV12|UYVY), rtsp(s)://, http(s)://, "
+        "csi://N (?width=&height=&fps=&sensor_mode=), gst://<pipeline ending in appsink>, synthetic://",
+    )
     password_file: Path | None = Field(
         None, description="rtsp/http cameras: the URI's password, read at each open; the URI holds the user only"
     )
@@ -226,6 +230,18 @@ class CameraConfig(_Strict):
     )
     reconnect_min_s: float = Field(1.0, gt=0, le=600, description="reconnect back-off (full jitter): the first bound")
     reconnect_max_s: float = Field(30.0, gt=0, le=3600, description="reconnect back-off: the bound doubles up to this")
+    backend: Literal["auto", "gstreamer", "opencv"] = Field(
+        "auto",
+        description="capture path for file/rtsp/v4l2/csi/gst cameras: auto = GStreamer (PyGObject) where it "
+        "loads, else OpenCV; http:// MJPEG and synthetic:// are read by edged itself",
+    )
+    scale_in_pipeline: bool = Field(
+        True, description="GStreamer: scale frames to the model's input inside the pipeline (nvvidconv on Jetson)"
+    )
+    rtsp_latency_ms: int = Field(200, ge=0, le=10_000, description="GStreamer rtsp(s)://: jitter buffer latency")
+    rtsp_transport: Literal["auto", "tcp", "udp"] = Field(
+        "auto", description="GStreamer rtsp(s)://: RTP over UDP or interleaved in the TCP connection; auto tries both"
+    )
 
     @field_validator("name")
     @classmethod
@@ -240,7 +256,8 @@ class CameraConfig(_Strict):
         scheme = v.split("://", 1)[0] if "://" in v else ""
         if scheme not in {"file", "v4l2", "rtsp", "rtsps", "http", "https", "csi", "gst", "synthetic"}:
             raise ValueError(
-                "scheme must be one of file://, v4l2://, rtsp://, http://, csi://, gst://, synthetic://, "
+                "scheme must be one of file://, v4l2://, rtsp://, rtsps://, http://, https://, csi://, gst://, "
+                "synthetic://, "
                 f"not {redact(v)}"
             )
         return v

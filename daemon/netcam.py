@@ -66,6 +66,7 @@ class MjpegSource:
     """MJPEG over HTTP, parsed and decoded here. A read gives None after `timeout_s` without a frame."""
 
     fps = 0.0  # MJPEG carries no rate
+    scaled_from: tuple[int, int] | None = None  # frames come at their own size
 
     def __init__(
         self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, boundary: bytes, timeout_s: float

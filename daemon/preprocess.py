@@ -85,18 +85,30 @@ class Preprocessor:
         self._src_size, self._transform, self._inner = (w, h), t, inner
         return t, inner
 
-    def run(self, frame: np.ndarray, out: np.ndarray) -> Transform:
-        """Preprocess a BGR (or grey) frame into `out` (shape `row_shape`); return the transform."""
+    def inner_size(self, w: int, h: int) -> tuple[int, int]:
+        """The size a `w` x `h` source is resized to inside the model's input (before any padding):
+        what a capture pipeline that scales frames itself must deliver."""
+        return self._geometry(w, h)[1][2]
+
+    def run(self, frame: np.ndarray, out: np.ndarray, src_size: tuple[int, int] | None = None) -> Transform:
+        """Preprocess a BGR (or grey) frame into `out` (shape `row_shape`); return the transform.
+        `src_size`: the frame was already scaled (by a capture pipeline) from a source of this
+        (width, height) to `inner_size`; the transform maps boxes back to that source."""
         if frame.ndim == 2:
             frame = cv2.cvtColor(frame, cv2.COLOR_GRAY2BGR)
         h, w = frame.shape[:2]
-        t, (ys, xs, size) = self._geometry(w, h)
-        # Bilinear, as Ultralytics' letterbox and DeepStream scale: INTER_AREA antialiases better but
-        # costs ~20x more on a 960x540 -> 256x144 downscale (3 ms against 0.15 ms here).
-        if self._resized.shape[:2] != (size[1], size[0]):
-            self._resized = np.empty((size[1], size[0], 3), np.uint8)
-        cv2.resize(frame, size, dst=self._resized, interpolation=cv2.INTER_LINEAR)
-        self._canvas[ys, xs] = self._resized
+        t, (ys, xs, size) = self._geometry(*(src_size or (w, h)))
+        if (w, h) == size:  # scaled already (or the source is the model's size)
+            self._canvas[ys, xs] = frame
+        else:
+            # Bilinear, as Ultralytics' letterbox and DeepStream scale: INTER_AREA antialiases better but
+            # costs ~20x more on a 960x540 -> 256x144 downscale (3 ms against 0.15 ms here).
+            if src_size is not None:
+                raise ValueError(f"a frame scaled from {src_size} must be {size}, not {(w, h)}")
+            if self._resized.shape[:2] != (size[1], size[0]):
+                self._resized = np.empty((size[1], size[0], 3), np.uint8)
+            cv2.resize(frame, size, dst=self._resized, interpolation=cv2.INTER_LINEAR)
+            self._canvas[ys, xs] = self._resized
         if self.spec.color == "RGB":
             cv2.cvtColor(self._canvas, cv2.COLOR_BGR2RGB, dst=self._color)
         else:

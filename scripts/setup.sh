@@ -12,6 +12,13 @@ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need+=(mosquitt
 command -v mosquitto_sub >/dev/null || need+=(mosquitto-clients)  # mosquitto_sub/_pub, README's subscribe examples
 command -v npm >/dev/null || need+=(npm)
 command -v systemd-analyze >/dev/null || need+=(systemd)  # unit checks only; systemd is never booted here
+# The GStreamer capture path (daemon/gst.py) and its tests: GStreamer, its plugins, PyGObject, and
+# gst-rtsp-server for the tests' RTSP camera.
+gst_pkgs=(gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad
+  gstreamer1.0-libav python3-gi gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0 gir1.2-gst-rtsp-server-1.0)
+for p in "${gst_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
+done
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need[*]}"
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
@@ -31,4 +38,30 @@ if ! .venv/bin/python -c 'import edged.daemon, pytest, jsonschema, mypy' 2>/dev/
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
   touch .venv/.edged-installed
 fi
+
+# PyGObject for the venv (which has no system site-packages): Debian's own `gi`, and only it, through a
+# .pth. It is built against this system's libgirepository and GStreamer, the same ones JetPack's venv
+# (--system-site-packages, DESIGN §1) uses, and needs no compiler; a pip PyGObject would need
+# libgirepository1.0-dev, libcairo2-dev and a C toolchain, and PyGObject >= 3.51 needs a newer GLib than
+# Debian 12's. Only where the venv's Python is another minor version than /usr/bin/python3 (the C
+# extension would not load) is it built from PyPI.
+sys_gi=$(/usr/bin/python3 -c 'import gi, os; print(os.path.dirname(gi.__file__))' 2>/dev/null || true)
+sys_ver=$(/usr/bin/python3 -c 'import sys; print(sys.version_info[:2])' 2>/dev/null || true)
+venv_ver=$(.venv/bin/python -c 'import sys; print(sys.version_info[:2])')
+if ! .venv/bin/python -W ignore -c 'import gi' 2>/dev/null; then
+  if [ -n "$sys_gi" ] && [ "$sys_ver" = "$venv_ver" ]; then
+    echo "setup: linking Debian's PyGObject ($sys_gi) into .venv"
+    mkdir -p .venv/system-gi
+    ln -sfn "$sys_gi" .venv/system-gi/gi
+    site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "$PWD/.venv/system-gi" > "$site/edged-system-gi.pth"
+  else
+    echo "setup: building PyGObject for .venv (Python $venv_ver, system $sys_ver)"
+    sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+      libgirepository1.0-dev libcairo2-dev pkg-config gcc >/dev/null
+    .venv/bin/python -m pip install -q --disable-pip-version-check 'PyGObject<3.51'
+  fi
+fi
+
 .venv/bin/edged model fetch-demo

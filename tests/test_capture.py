@@ -196,13 +196,15 @@ def test_stalled_network_camera_counts_a_stall(rig) -> None:
 
 
 def test_unsupported_sources_give_clear_errors(tmp_path: Path) -> None:
+    """The OpenCV path (backend: opencv) as before; the GStreamer path in tests/test_capture_gst.py."""
+
     def cfg(uri: str) -> CameraConfig:
-        return CameraConfig(name="c", uri=uri)
+        return CameraConfig(name="c", uri=uri, backend="opencv")
 
     with pytest.raises(CaptureError, match="no such file"):
         open_source(cfg(f"file://{tmp_path}/none.mp4"))
     if not _has_gstreamer():
-        with pytest.raises(CaptureError, match="built without GStreamer, which csi:// needs"):
+        with pytest.raises(CaptureError, match=r"built without GStreamer .*which csi:// needs"):
             open_source(cfg("csi://0"))
     with pytest.raises(CaptureError, match="bad synthetic parameters"):
         open_source(cfg("synthetic://?width=abc"))
@@ -237,3 +239,37 @@ def test_mjpeg_parts_without_a_length_and_a_new_size_mid_stream(rig) -> None:
         server.kill()
         server.wait()
     assert sizes[0] == (320, 240)
+
+
+def test_uri_rules_and_the_pipelines_they_make() -> None:
+    """URI parsing shared by both paths, and the GStreamer pipeline text (no GStreamer needed)."""
+    from edged.daemon.gstpipe import csi_options, file_path, plan, v4l2_options
+
+    assert file_path("file://localhost/srv/a%20b.mp4") == Path("/srv/a b.mp4")
+    assert file_path("file:///srv/c%23d.mp4") == Path("/srv/c#d.mp4")
+    with pytest.raises(CaptureError, match="only local files"):
+        file_path("file://nas/srv/x.mp4")
+    assert v4l2_options("v4l2://0").device == "/dev/video0"
+    assert v4l2_options("v4l2:///dev/video2").device == "/dev/video2"
+    o = v4l2_options("v4l2:///dev/video1?width=1280&height=720&fps=30&format=mjpg")
+    assert (o.width, o.height, o.fps, o.format) == (1280, 720, 30, "MJPG")
+    with pytest.raises(CaptureError, match="fps='x': want a whole number"):
+        v4l2_options("v4l2://0?fps=x")
+    with pytest.raises(CaptureError, match="format=H264: one of MJPG"):
+        v4l2_options("v4l2://0?format=h264")
+    c = csi_options("csi://1?width=1920&height=1080&fps=30&sensor_mode=2")
+    assert (c.sensor_id, c.width, c.height, c.fps, c.sensor_mode) == (1, 1920, 1080, 30, 2)
+
+    mj = plan("v4l2://0?width=1280&height=720&fps=30&format=MJPG", set(), 200, "auto", 5)
+    assert mj.description.startswith("v4l2src name=src ! image/jpeg,width=1280,height=720,framerate=30/1 ! decodebin")
+    assert mj.props == {"device": "/dev/video0"} and "videoscale name=scaler" in mj.description
+    yuyv = plan("v4l2://0?format=YUYV", set(), 200, "auto", 5)
+    assert "video/x-raw,format=YUY2 ! decodebin" in yuyv.description
+    rtsp = plan("rtsp://u:p@cam/s", set(), 100, "tcp", 5)
+    assert "u:p" not in rtsp.description and rtsp.props["location"] == "rtsp://u:p@cam/s"
+    assert rtsp.props["protocols"] == "tcp" and rtsp.props["latency"] == 100
+    with pytest.raises(CaptureError, match="needs GStreamer's nvarguscamerasrc"):
+        plan("csi://0", set(), 200, "auto", 5)
+    csi = plan("csi://0?width=1920&height=1080&fps=30", {"nvarguscamerasrc", "nvvidconv"}, 200, "auto", 5)
+    assert "video/x-raw(memory:NVMM),width=1920,height=1080,framerate=30/1 ! nvvidconv name=scaler" in csi.description
+    assert not plan(f"file://localhost{HERE}/x.mp4", set(), 200, "auto", 5).live, "a file keeps every frame"

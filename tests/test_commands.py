@@ -412,7 +412,8 @@ def test_snapshot_of_a_4k_camera_fits_the_cap(
     assert first.shape == (2160, 3840, 3)
     full = len(cv2.imencode(".jpg", first, [cv2.IMWRITE_JPEG_QUALITY, 80])[1])
     assert full > MAX_PAYLOAD_BYTES, f"the test frame's JPEG ({full} bytes) must be over the cap to mean anything"
-    cam = {"name": "uhd", "uri": f"file://{video}", "loop": True, "fps_max": 2}
+    # full-resolution frames (a camera scaled in a GStreamer pipeline snapshots its model-sized picture)
+    cam = {"name": "uhd", "uri": f"file://{video}", "loop": True, "fps_max": 2, "scale_in_pipeline": False}
     sub = subscribe(broker, "edged/test-01/results/#")
     d = start_daemon(write_config(tmp_path / "c.yaml", base_config(broker, demo, tmp_path, [cam])))
     cli = Client(broker.host, broker.port)

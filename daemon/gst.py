@@ -1,0 +1,378 @@
+"""The GStreamer capture path: a pipeline per camera ending in an appsink, through PyGObject.
+
+Why: the pip OpenCV is built without GStreamer, so on a Jetson it has no CSI camera, no hardware
+decoder and no hardware scaler, and every full-size frame crosses into Python before it is resized.
+Here ``decodebin`` picks the decoder by rank (``nvv4l2decoder`` is ranked first where it exists),
+the frame is scaled to the model's input inside the pipeline (``nvvidconv`` on Jetson, ``videoscale``
+elsewhere) once the source's caps say its size, and Python receives model-sized BGR frames together
+with the source size the boxes map back to.
+
+Latest frame wins: a live source's appsink keeps one buffer and drops older ones; a file's keeps one
+and makes the decoder wait (no frame of a file is lost). A read waits at most ``stall_timeout_s``;
+errors on the bus (401, refused, 404, no such device, caps not negotiated) end the source with the
+reason, credentials scrubbed, so the camera's ``last_error`` says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import threading
+import time
+import warnings
+from functools import cache
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from edged.errors import CaptureError
+
+from .config import CameraConfig
+from .gstpipe import Plan, plan
+from .redact import scrub
+
+logger = logging.getLogger(__name__)
+
+GST_SCHEMES = {"file", "v4l2", "rtsp", "rtsps", "csi", "gst"}  # what the GStreamer path opens
+OPTIONAL = ("nvvidconv", "nvarguscamerasrc", "nvv4l2decoder")
+POLL_S = 0.1  # how often a waiting read looks at the bus and at the stop event
+_CHANNELS = {"BGR": 3, "RGB": 3, "BGRx": 4, "BGRA": 4, "RGBx": 4, "RGBA": 4, "GRAY8": 1}
+
+
+_LOAD_LOCK = threading.Lock()
+
+
+def _load() -> tuple[Any, Any, str]:
+    """(Gst, GLib, '') when PyGObject and GStreamer load, else (None, None, why not). Once per process,
+    whichever camera thread comes first."""
+    with _LOAD_LOCK:
+        return _load_once()
+
+
+@cache
+def _load_once() -> tuple[Any, Any, str]:
+    try:
+        with warnings.catch_warnings():  # gi's importer predates exec_module (an ImportWarning on 3.11)
+            warnings.simplefilter("ignore", ImportWarning)
+            import gi  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+            gi.require_version("Gst", "1.0")
+            gi.require_version("GstApp", "1.0")
+            # GstApp: appsink's pull methods
+            from gi.repository import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
+                GLib,
+                Gst,
+                GstApp,  # noqa: F401
+            )
+    except (ImportError, ValueError) as exc:
+        return None, None, f"PyGObject/GStreamer not importable: {exc}"
+    Gst.init(None)
+    dec = Gst.ElementFactory.find("nvv4l2decoder")
+    if dec is not None:  # decodebin must take the hardware decoder over avdec_*
+        dec.set_rank(Gst.Rank.PRIMARY + 100)
+    return Gst, GLib, ""
+
+
+def available() -> bool:
+    return _load()[0] is not None
+
+
+def why_unavailable() -> str:
+    return _load()[2]
+
+
+def version() -> str:
+    gst = _load()[0]
+    return str(gst.version_string()) if gst is not None else "none"
+
+
+def has_element(name: str) -> bool:
+    gst = _load()[0]
+    return gst is not None and gst.ElementFactory.find(name) is not None
+
+
+def have() -> set[str]:
+    return {e for e in OPTIONAL if has_element(e)}
+
+
+_ELEMENT_PATH = re.compile(r"/?(?:Gst\w+:[\w.-]+/?)+:\s*")
+
+
+def connect_reason(uri: str, timeout_s: float) -> str | None:
+    """Why a TCP connection to `uri`'s host and port fails (GStreamer only says "Failed to connect")."""
+    try:
+        parts = urlsplit(uri)
+        host, port = parts.hostname or "", parts.port or (322 if parts.scheme == "rtsps" else 554)
+    except ValueError:
+        return None
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except ConnectionRefusedError:
+        return f"connection refused: nothing listens on {host} port {port}"
+    except socket.gaierror as exc:
+        return f"host {host!r} not found ({exc.strerror})"
+    except TimeoutError:
+        return f"no answer from {host} port {port} within {timeout_s:g} s"
+    except OSError as exc:
+        return f"cannot connect to {host} port {port}: {exc.strerror or exc}"
+
+
+def parse_check(description: str, shown: str) -> None:
+    """Raise CaptureError when a pipeline does not parse (an unknown element, a bad property)."""
+    gst, glib, why = _load()
+    if gst is None:
+        raise CaptureError(f"{shown}: {why}")
+    try:
+        pipeline = gst.parse_launch(description)
+    except glib.Error as exc:
+        raise CaptureError(f"{shown}: bad pipeline: {scrub(str(exc.message))}") from exc
+    pipeline.set_state(gst.State.NULL)
+
+
+def explain(err: Any, debug: str | None) -> str:
+    """A bus error as one line that says why: GStreamer's message plus the detail that names the cause
+    (the RTSP status, the socket error, the caps that did not match), credentials scrubbed."""
+    msg = str(err.message).rstrip(".")
+    detail = " ".join((debug or "").split())
+    low = (msg + " " + detail).lower()
+    hint = ""
+    if "401" in low or "unauthorized" in low:
+        hint = "401 Unauthorized: wrong user or password"
+    elif "404" in low or ("not found" in low and "rtsp" in low):
+        hint = "404 Not Found: no such stream path on the server"
+    elif "connection refused" in low:
+        hint = "connection refused: nothing listens at that address and port"
+    elif "not-negotiated" in low or "not negotiated" in low:
+        hint = "caps negotiation failed: the source offers no format/size/rate the pipeline accepts"
+    elif "no such file" in low or "cannot identify device" in low or "does not exist" in low:
+        hint = "no such device or file"
+    elif "tls" in low or "certificate" in low:
+        hint = "TLS failure"
+    # the debug string's last part is usually the reason (…/gstrtspsrc.c(…): …/GstRTSPSrc:src: Unauthorized (401))
+    tailtxt = _ELEMENT_PATH.sub("", detail.rsplit("):", 1)[-1]).strip() if detail else ""
+    text = f"{hint} ({msg}: {tailtxt})" if hint else f"{msg}: {tailtxt}" if tailtxt else msg
+    return scrub(text[:400])
+
+
+class GstSource:
+    """One running pipeline. `read` gives the next BGR frame (model-sized when scaled in the pipeline;
+    `scaled_from` is then the source's (width, height)), None at a file's end or after a read that
+    waited `timeout_s` for nothing (a stall); raises CaptureError when the pipeline failed."""
+
+    def __init__(
+        self,
+        p: Plan,
+        timeout_s: float,
+        target_size: Any = None,
+        stop: threading.Event | None = None,
+        shown: str = "",
+    ) -> None:
+        gst, glib, why = _load()
+        if gst is None:
+            raise CaptureError(why)
+        self._gst, self._timeout_s, self._stop, self._shown = gst, timeout_s, stop or threading.Event(), shown
+        self.fps = 0.0
+        self.scaled_from: tuple[int, int] | None = None
+        self.codec = ""  # the source's caps name (video/x-h264 …), for --probe-cameras
+        self.decoder = ""  # the decoder decodebin chose (nvv4l2decoder = hardware)
+        self._src_size: tuple[int, int] | None = None
+        self._target_size = target_size
+        self._live = p.live
+        self._nvmm = p.nvmm
+        self._pending: np.ndarray | None = None
+        try:
+            self.pipeline = gst.parse_launch(p.description)
+        except glib.Error as exc:
+            raise CaptureError(f"{shown}: bad pipeline: {scrub(str(exc.message))}") from exc
+        src = self.pipeline.get_by_name("src")
+        for key, value in p.props.items():
+            if src is None:
+                raise CaptureError(f"{shown}: pipeline without a source named src")
+            src.set_property(key, value)
+        if src is not None and src.get_factory() is not None and src.get_factory().get_name() == "rtspsrc":
+            src.connect("select-stream", self._video_only)  # a camera's audio track is not linked
+        self.sink = self.pipeline.get_by_name("sink") or self._find_appsink()
+        if self.sink.get_property("caps") is None:  # a gst:// pipeline that left them open: formats we read
+            self.sink.set_property("caps", gst.Caps.from_string(f"video/x-raw,format={{{','.join(_CHANNELS)}}}"))
+        self.sink.set_property("max-buffers", 1)
+        self.sink.set_property("drop", p.live)
+        self.sink.set_property("sync", False)
+        dec = self.pipeline.get_by_name("dec")
+        if dec is not None:
+            dec.connect("deep-element-added", self._element_added)
+        scaler = self.pipeline.get_by_name("scaler")
+        self._size = self.pipeline.get_by_name("size")
+        if scaler is not None:
+            scaler.get_static_pad("sink").add_probe(gst.PadProbeType.EVENT_DOWNSTREAM, self._on_caps)
+        self._bus = self.pipeline.get_bus()
+        try:
+            if self.pipeline.set_state(gst.State.PLAYING) == gst.StateChangeReturn.FAILURE:
+                self._raise_bus_error(f"{shown}: the pipeline would not start")
+            self._pending = self._pull(timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        if self._pending is None:
+            self.close()
+            if self._live and p.props.get("location"):  # a network camera: connected, or not, and then silent
+                raise CaptureError(f"{shown}: no answer (no frame) within {timeout_s:g} s")
+            raise CaptureError(f"{shown}: no frame within {timeout_s:g} s of opening")
+
+    # --- pipeline callbacks (streaming threads) -----------------------------------------------
+    def _video_only(self, _src: Any, _num: int, caps: Any) -> bool:
+        media = caps.get_structure(0).get_value("media")
+        return media is None or media == "video"
+
+    def _element_added(self, _bin: Any, _sub: Any, element: Any) -> None:
+        factory = element.get_factory()
+        if factory is None:
+            return
+        klass = factory.get_metadata("klass") or ""
+        if "Decoder" in klass and "Video" in klass:
+            self.decoder = factory.get_name()
+            pad = element.get_static_pad("sink")
+            if pad is not None:
+                caps = pad.get_current_caps() or pad.query_caps(None)
+                if caps is not None and caps.get_size():
+                    self.codec = caps.get_structure(0).get_name()
+
+    def _on_caps(self, pad: Any, info: Any) -> Any:
+        gst = self._gst
+        event = info.get_event()
+        if event.type != gst.EventType.CAPS:
+            return gst.PadProbeReturn.OK
+        s = event.parse_caps().get_structure(0)
+        ok_w, w = s.get_int("width")
+        ok_h, h = s.get_int("height")
+        ok_f, num, den = s.get_fraction("framerate")
+        if ok_f and den and num:
+            self.fps = num / den
+        if not (ok_w and ok_h):
+            return gst.PadProbeReturn.OK
+        self._src_size = (w, h)
+        if self._target_size is not None and self._size is not None:
+            tw, th = self._target_size(w, h)
+            fmt = ",format=BGRx" if self._nvmm else ""
+            self._size.set_property("caps", gst.Caps.from_string(f"video/x-raw{fmt},width={tw},height={th}"))
+        return gst.PadProbeReturn.OK
+
+    # --- reading ------------------------------------------------------------------------------
+    def _find_appsink(self) -> Any:
+        it = self.pipeline.iterate_recurse()
+        while True:
+            ok, element = it.next()
+            if ok != self._gst.IteratorResult.OK:
+                raise CaptureError(f"{self._shown}: the pipeline has no appsink")
+            factory = element.get_factory()
+            if factory is not None and factory.get_name() == "appsink":
+                return element
+
+    def _raise_bus_error(self, fallback: str) -> None:
+        msg = self._bus.timed_pop_filtered(int(0.5e9), self._gst.MessageType.ERROR)
+        if msg is not None:
+            err, debug = msg.parse_error()
+            raise CaptureError(f"{self._shown}: {explain(err, debug)}")
+        raise CaptureError(fallback)
+
+    def _check_bus(self) -> bool:
+        """Raise on an error message; True at the end of the stream."""
+        gst = self._gst
+        while True:
+            msg = self._bus.pop_filtered(gst.MessageType.ERROR | gst.MessageType.EOS)
+            if msg is None:
+                return False
+            if msg.type == gst.MessageType.ERROR:
+                err, debug = msg.parse_error()
+                raise CaptureError(f"{self._shown}: {explain(err, debug)}")
+            return True
+
+    def _pull(self, wait_s: float) -> np.ndarray | None:
+        """The next frame; None at a file's end, at `stop`, or after `wait_s` without one."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            ended = self._check_bus()
+            # after the end, what the appsink still holds (a file's last frame) is taken first
+            sample = self.sink.try_pull_sample(0 if ended else int(POLL_S * 1e9))
+            if sample is not None:
+                return self._frame(sample)
+            if ended or self.sink.is_eos():
+                self._check_bus()  # an error posted with the end is the reason
+                if self._live:
+                    raise CaptureError(f"{self._shown}: end of stream (the source closed it)")
+                return None
+            if self._stop.is_set() or time.monotonic() >= deadline:
+                return None
+
+    def _frame(self, sample: Any) -> np.ndarray:
+        caps = sample.get_caps().get_structure(0)
+        w, h, fmt = caps.get_value("width"), caps.get_value("height"), caps.get_value("format")
+        ch = _CHANNELS.get(fmt)
+        if ch is None:
+            raise CaptureError(
+                f"{self._shown}: appsink format {fmt}: end the pipeline with videoconvert ! video/x-raw,format=BGR"
+            )
+        if not self.fps:
+            ok_f, num, den = caps.get_fraction("framerate")
+            self.fps = num / den if ok_f and num and den else 0.0
+        buf = sample.get_buffer()
+        ok, info = buf.map(self._gst.MapFlags.READ)
+        if not ok:
+            raise CaptureError(f"{self._shown}: cannot map a buffer")
+        try:
+            data = np.frombuffer(info.data, np.uint8)
+            stride = len(data) // h
+            rows = data[: stride * h].reshape(h, stride)[:, : w * ch]
+            frame = np.array(rows.reshape(h, w, ch) if ch > 1 else rows.reshape(h, w), copy=True)
+        finally:
+            buf.unmap(info)
+        if fmt.startswith("RGB"):
+            frame = np.ascontiguousarray(frame[:, :, [2, 1, 0]])
+        elif ch == 4:
+            frame = np.ascontiguousarray(frame[:, :, :3])
+        src = self._src_size
+        self.scaled_from = src if self._target_size is not None and src is not None and src != (w, h) else None
+        return frame
+
+    def read(self) -> np.ndarray | None:
+        if self._pending is not None:
+            frame, self._pending = self._pending, None
+            return frame
+        return self._pull(self._timeout_s)
+
+    def close(self) -> None:
+        self.pipeline.set_state(self._gst.State.NULL)
+
+
+def use_gstreamer(cam: CameraConfig) -> bool:
+    """Whether `cam` goes through the GStreamer path (`backend`; auto = where PyGObject and GStreamer load)."""
+    scheme = cam.uri.split("://", 1)[0]
+    if scheme not in GST_SCHEMES or cam.backend == "opencv":
+        return False
+    if cam.backend == "gstreamer":
+        if not available():
+            raise CaptureError(f"{cam.display}: backend gstreamer: {why_unavailable()}")
+        return True
+    return available()
+
+
+def open_gst(
+    uri: str,
+    shown: str,
+    latency_ms: int,
+    transport: str,
+    timeout_s: float,
+    target_size: Any = None,
+    stop: threading.Event | None = None,
+) -> GstSource:
+    p = plan(uri, have(), latency_ms, transport, timeout_s)
+    try:
+        return GstSource(p, timeout_s, target_size if p.scalable else None, stop, shown)
+    except CaptureError as exc:
+        if uri.startswith("rtsp") and "Failed to connect" in str(exc):
+            why = connect_reason(uri, timeout_s)
+            if why is not None:
+                raise CaptureError(f"{shown}: {why}") from exc
+        raise

@@ -1,0 +1,81 @@
+"""A real RTSP camera for the tests: Debian's gst-rtsp-server through PyGObject, in its own process.
+
+    python rtsp_server.py PORT VIDEO [--protocols tcp|udp|both] [--user U --password P] [--shared]
+
+Serves VIDEO (decoded and encoded to H.264 by openh264enc, as an IP camera sends it) at
+rtsp://127.0.0.1:PORT/cam, at the file's own rate. Prints "ready" once it listens. --user/--password:
+Basic authentication (a client without them, or with others, gets 401). SIGSTOP makes it a hung camera.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", ImportWarning)
+    import gi  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    gi.require_version("Gst", "1.0")
+    gi.require_version("GstRtsp", "1.0")
+    gi.require_version("GstRtspServer", "1.0")
+    from gi.repository import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        GLib,
+        Gst,
+        GstRtsp,
+        GstRtspServer,
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("port", type=int)
+    ap.add_argument("video")
+    ap.add_argument("--protocols", choices=["tcp", "udp", "both"], default="both")
+    ap.add_argument("--user")
+    ap.add_argument("--password")
+    ap.add_argument("--shared", action="store_true", help="one encoder for every client")
+    ap.add_argument("--h264", action="store_true", help="VIDEO is H.264 already: sent as it is, not re-encoded")
+    args = ap.parse_args()
+    Gst.init(None)
+    server = GstRtspServer.RTSPServer()
+    server.set_address("127.0.0.1")
+    server.set_service(str(args.port))
+    factory = GstRtspServer.RTSPMediaFactory()
+    encode = "" if args.h264 else "decodebin ! videoconvert ! openh264enc complexity=low ! "
+    factory.set_launch(
+        f'( filesrc location="{args.video}" ! qtdemux ! {encode}'
+        "h264parse ! rtph264pay name=pay0 pt=96 config-interval=1 )"
+    )
+    factory.set_shared(args.shared)
+    trans = {
+        "tcp": GstRtsp.RTSPLowerTrans.TCP,
+        "udp": GstRtsp.RTSPLowerTrans.UDP,
+        "both": GstRtsp.RTSPLowerTrans.TCP | GstRtsp.RTSPLowerTrans.UDP,
+    }
+    factory.set_protocols(trans[args.protocols])
+    if args.user:
+        auth = GstRtspServer.RTSPAuth()
+        token = GstRtspServer.RTSPToken()
+        token.set_string(GstRtspServer.RTSP_TOKEN_MEDIA_FACTORY_ROLE, "viewer")
+        auth.add_basic(GstRtspServer.RTSPAuth.make_basic(args.user, args.password or ""), token)
+        server.set_auth(auth)
+        perms = GstRtspServer.RTSPPermissions()
+        perms.add_role_from_structure(
+            Gst.Structure.new_from_string(
+                "viewer, media.factory.access=(boolean)true, media.factory.construct=(boolean)true"
+            )
+        )
+        factory.set_permissions(perms)
+    server.get_mount_points().add_factory("/cam", factory)
+    if server.attach(None) == 0:
+        print(f"cannot listen on {args.port}", file=sys.stderr)
+        return 1
+    print("ready", flush=True)
+    GLib.MainLoop().run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
