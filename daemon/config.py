@@ -235,8 +235,10 @@ class CameraConfig(_Strict):
         description="capture path for file/rtsp/v4l2/csi/gst cameras: auto = GStreamer (PyGObject) where it "
         "loads, else OpenCV; http:// MJPEG and synthetic:// are read by edged itself",
     )
-    scale_in_pipeline: bool = Field(
-        True, description="GStreamer: scale frames to the model's input inside the pipeline (nvvidconv on Jetson)"
+    scale_in_pipeline: bool | None = Field(
+        None,
+        description="GStreamer: scale frames to the model's input inside the pipeline; none (auto): only where "
+        "the hardware scaler nvvidconv exists (Jetson); in software it saves nothing and costs snapshot detail",
     )
     rtsp_latency_ms: int = Field(200, ge=0, le=10_000, description="GStreamer rtsp(s)://: jitter buffer latency")
     rtsp_transport: Literal["auto", "tcp", "udp"] = Field(

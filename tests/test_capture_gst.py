@@ -168,6 +168,8 @@ def recall_through(backend: str, broker, subscribe, start_daemon, demo: DemoAsse
 
     sub = subscribe(broker, "edged/#")
     cams = [{"name": "lobby", "uri": f"file://{demo.video}", "realtime": False, "backend": backend}]
+    if backend == "gstreamer":
+        cams[0]["scale_in_pipeline"] = True  # by default only a hardware scaler (nvvidconv) scales in the pipeline
     tmp.mkdir()
     d = start_daemon(write_config(tmp / "c.yaml", base_config(broker, demo, tmp, cams)))
     assert d.proc.wait(180) == 0, d.output()[-3000:]
