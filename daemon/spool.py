@@ -126,6 +126,7 @@ class Spool(SpoolFile):
                 self._save(inserts=True)
             except SpoolError:
                 self._save(inserts=False)  # deliveries free space: they go through alone (with the reserve)
+                self._failing = True  # the inserts still fail: later deliveries are deleted at once
                 raise
         elif self._pending or self._acked:
             self._save(inserts=bool(self._pending))

@@ -69,6 +69,7 @@ JETSON_MANYLINUX = ("manylinux2014", "manylinux_2_28", "manylinux_2_17")  # Ubun
 JETSON_NUMPY = "numpy>=1.24,<2"
 # pycuda for the TensorRT backend: its source and what building and running it need, built on the device.
 PYCUDA = "pycuda>=2024.1"
+BUILD_LEFTOVERS = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".demo", ".*_cache")  # not in a wheel
 PYCUDA_SUPPORT = ("setuptools>=68", "wheel", "pytools>=2011.2", "platformdirs>=2.2.0", "mako")
 Machine = Literal["aarch64", "x86_64"]
 
@@ -210,7 +211,12 @@ def _wheels(
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     extra = ["--find-links", str(wheelhouse)] if wheelhouse else []
     say("building the edged wheel")
-    _run([*pip, "wheel", "--no-deps", "-q", "-w", str(dest), str(REPO)])
+    with tempfile.TemporaryDirectory(prefix="edged-src-") as tmp:
+        # from a copy without build outputs: setuptools reuses a checkout's build/lib, which can still hold
+        # modules since moved or deleted, and they would ship in the wheel
+        src = Path(tmp) / "src"
+        shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(*BUILD_LEFTOVERS), symlinks=True)
+        _run([*pip, "wheel", "--no-deps", "-q", "-w", str(dest), str(src)])
     if target == "host":
         say(f"collecting wheels for this machine's Python {sys.version_info.major}.{sys.version_info.minor}")
         _run([*pip, "wheel", "-q", "-w", str(dest), *extra, *reqs])

@@ -9,7 +9,7 @@ need=()
 command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
-command -v mosquitto_sub >/dev/null || need+=(mosquitto-clients)  # mosquitto_sub/_pub, README's subscribe examples
+command -v mosquitto_sub >/dev/null || need+=(mosquitto-clients)  # mosquitto_sub/_pub, docs/subscriber.md's examples
 command -v npm >/dev/null || need+=(npm)
 command -v systemd-analyze >/dev/null || need+=(systemd)  # unit checks only; systemd is never booted here
 # The GStreamer capture path (daemon/gst.py) and its tests: GStreamer, its plugins, PyGObject, and

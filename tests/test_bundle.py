@@ -32,8 +32,28 @@ def jetson_bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
         "model", "pack", str(demo.packages["blazeface-back"].root), "--out", str(tmp / "faces-1.tar"), "--key", str(key)
     )
     assert r.returncode == 0, r.stderr
-    bundle = build_bundle("jetson-jp6", tmp / "keys", tmp / "faces-1.tar", key, tmp / "out")
+    # a checkout's build/lib keeps modules since moved or deleted; setuptools would reuse it
+    stale = REPO / "build" / "lib" / "edged" / "_stale_leftover.py"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("# a module this checkout no longer has\n")
+    try:
+        bundle = build_bundle("jetson-jp6", tmp / "keys", tmp / "faces-1.tar", key, tmp / "out")
+    finally:
+        stale.unlink()
     return bundle, tmp / "keys"
+
+
+def test_the_edged_wheel_holds_the_source_and_no_build_leftovers(jetson_bundle: tuple[Path, Path]) -> None:
+    import io
+    import zipfile
+
+    bundle, _ = jetson_bundle
+    with tarfile.open(bundle) as tar:
+        name = next(n for n in tar.getnames() if Path(n).name.startswith("edged-") and n.endswith(".whl"))
+        data = tar.extractfile(name).read()  # type: ignore[union-attr]
+    modules = {n for n in zipfile.ZipFile(io.BytesIO(data)).namelist() if n.endswith(".py")}
+    assert "edged/_stale_leftover.py" not in modules
+    assert {"edged/cli/__init__.py", "edged/protocol/topics.py", "edged/daemon/backends/base.py"} <= modules
 
 
 def test_jetson_bundle_has_aarch64_cp310_wheels_and_no_pip_opencv(jetson_bundle: tuple[Path, Path]) -> None:

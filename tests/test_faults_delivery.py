@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import re
@@ -351,7 +352,13 @@ def test_state_dir_deleted_while_running_keeps_the_spool_and_says_so(
     state = tmp_path / "state"
     db = state / "spool.db"
     wait_until(lambda: db.exists() and len(spool_seqs(db)) >= 20, 60, "results in the spool")
-    shutil.rmtree(state)
+    for _ in range(20):  # `rm -rf` again if the daemon wrote a file into the folder while it was emptied
+        try:
+            shutil.rmtree(state)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
     wait_until(lambda: "was deleted while running; re-created it" in d.output(), 10, "the re-creation")
     n = len(spool_seqs(db))
     wait_until(lambda: len(spool_seqs(db)) >= n + 20, 30, "results after the deletion, in the new file")
@@ -379,8 +386,17 @@ def test_state_dir_replaced_by_a_file_says_what_is_lost(start_daemon, demo: Demo
     d = start_daemon(write_config(tmp_path / "c.yaml", base_config(away, demo, tmp_path, cams(20))))
     state = tmp_path / "state"
     wait_until(lambda: (state / "spool.db").exists() and spool_rows(state / "spool.db") >= 20, 60, "a spool")
-    shutil.rmtree(state)
-    state.write_text("not a directory\n")
+    # the folder renamed away and a file renamed into its place (a rmtree races the daemon, which re-creates
+    # its state folder and writes into it meanwhile); again if the daemon made the folder anew in between
+    prepared = tmp_path / "state.file"
+    prepared.write_text("not a directory\n")
+    for i in range(50):
+        if state.is_dir():
+            state.rename(tmp_path / f"state.gone{i}")
+        with contextlib.suppress(IsADirectoryError):
+            prepared.rename(state)
+            break
+    assert state.is_file()
     wait_until(lambda: "was deleted and cannot be re-created" in d.output(), 10, "the failure to re-create it")
     assert d.stop() == 0, d.output()[-3000:]
     out = d.output()

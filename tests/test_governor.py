@@ -146,7 +146,9 @@ def test_daemon_frame_rate_follows_the_level(broker, subscribe, start_daemon, de
     notify_sock.bind(str(notify_path))
     notify_sock.settimeout(0.2)
     sub = subscribe(broker, "edged/#")
-    cams = [{"name": "cam", "uri": "synthetic://?fps=20", "fps_max": 20}]
+    # 6 fps: well under what a loaded 2-core machine infers (about 11 fps for two daemons at once), so the
+    # governor's cap, not the CPU, sets the rate at every level
+    cams = [{"name": "cam", "uri": "synthetic://?fps=6", "fps_max": 6}]
     doc = base_config(broker, demo, tmp_path, cams,
                       governor={"sysfs_root": str(root), "interval_s": 0.2, "warm_c": 80, "hot_c": 90,
                                 "critical_c": 97, "min_dwell_s": 1.0, "warm_fps_scale": 0.5})  # fmt: skip
@@ -187,7 +189,10 @@ def test_daemon_frame_rate_follows_the_level(broker, subscribe, start_daemon, de
     finally:
         notify_sock.close()
     print(f"\ndelivered fps: normal {normal:.1f}, warm {warm:.1f}, hot {hot:.1f}, normal again {back:.1f}")
-    assert 15 <= normal <= 23 and 7 <= warm <= 12.5 and hot == 0 and 15 <= back <= 23
+    # the levels as ratios of the normal rate measured in the same run: warm halves it, hot stops it,
+    # normal restores it
+    assert 4 <= normal <= 7, normal
+    assert 0.3 <= warm / normal <= 0.75 and hot == 0 and 0.7 <= back / normal <= 1.35, (normal, warm, hot, back)
     tel = sub.on("telemetry")[-1].json()
     assert tel["governor"]["level"] == "normal" and tel["sensors"]["power_source"] == "VDD_IN"
     assert tel["sensors"]["temps_c"]["tj-thermal"] == 50.0 and tel["memory"]["budget_mb"] == 4096
