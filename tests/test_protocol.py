@@ -209,7 +209,10 @@ def test_topic_builders_match_the_documented_layout() -> None:
     assert topics.command_reply(root, "") == "edged/orin-07/cmd/unknown/reply"
     assert topics.verb_of(root, topics.command(root, "pause")) == "pause"
     assert topics.split("edged", topics.ota_request(root)) == ("orin-07", "ota/req")
-    assert topics.response_topic_allowed(topics.push_reply("edged", "abc"), root)
+    assert topics.push_reply(root, "abc") == "edged/orin-07/reply/_push/abc"
+    assert topics.push_replies("edged", "abc") == "edged/+/reply/_push/abc"
+    assert topics.response_topic_allowed(topics.push_reply(root, "abc"), root)
+    assert not topics.response_topic_allowed(topics.push_reply("edged/orin-08", "abc"), root)
     assert not topics.response_topic_allowed(topics.status("edged/orin-08"), root)
 
 
