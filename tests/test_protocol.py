@@ -35,6 +35,7 @@ from edged.protocol import (
 from edged.protocol.commands import parse_payload, reply_doc
 from edged.protocol.ota import (
     ChunkRequest,
+    ModelRef,
     OfferArgs,
     chunk,
     chunk_key,
@@ -195,7 +196,7 @@ def test_a_bad_chunk_frame_is_refused_as_malformed(payload: bytes) -> None:
 
 def test_ota_status_documents_validate_in_every_state() -> None:
     for state in OtaState:
-        doc = status_doc("t-1", state, model=("faces", 7), done=10, total=20, by="t-2")
+        doc = status_doc("t-1", state, model=ModelRef("faces", 7), done=10, total=20, by="t-2")
         _validate(json.loads(json.dumps(doc)), OTA_SCHEMA)
         assert json.loads(json.dumps(doc))["state"] == state.value
     failed = status_doc("t-1", OtaState.FAILED, error=CommandError(Code.STALLED, "no data"))
