@@ -146,10 +146,8 @@ class Daemon:
                 cfg.ota,
                 self.store,
                 cfg.model.keys_dir,
-                lambda t, b, q, r: self.publisher.publish_direct(t, b, qos=q, retain=r),
-                self.publisher.topic,
-                self.models.install_staged,
-                self.models.rejected,
+                self.publisher,
+                self.models,
                 self.stop_event,
             )
             self.publisher.route("ota/data", self.ota.on_data)

@@ -11,13 +11,23 @@ The device asks only for bytes inside each file's declared size and writes a chu
 asked, so nothing is ever written past a declared size. A chunk is checked on arrival, on paho's
 network thread, against the requests in flight (transfer, file, offset, length): anything nobody
 asked for (junk with no transfer running, a stale or duplicate answer) is dropped there and counted,
-so it is never held; what waits for the transfer thread is bounded in bytes. Progress (bytes fsynced per file) is kept
-under ``<state_dir>/ota/<manifest sha256[:16]>/`` and survives a broker outage (requests are asked
-again after `ota.retry_s` of silence plus a full-jitter backoff up to `MAX_REASK_S`, so devices that
-lost the broker together do not all ask again at once) and a daemon restart (the transfer resumes at
-start, from the persisted offsets, after checking the offer again). When every file is in, each is checked against its
-sha256, the package is staged through the store (the same checks as a local install) and handed to
-the model manager, which swaps it in on probation. States: accepted, downloading, verifying,
+so it is never held; what waits for the transfer thread is bounded in bytes. Progress (bytes fsynced per
+file) is kept under ``<state_dir>/ota/<manifest sha256[:16]>/`` (the files themselves in its ``package/``)
+and survives a broker outage (requests are asked again after `ota.retry_s` of silence plus a full-jitter
+backoff up to `MAX_REASK_S`, so devices that lost the broker together do not all ask again at once) and a
+daemon restart (the transfer resumes at start, from the persisted offsets, after checking the offer again).
+
+Verified once, copied never: the offer's manifest is parsed and its signature checked once (a resume
+checks the persisted offer again); each file is hashed as its chunks are written, in order (a resume
+hashes the bytes it kept first), and a file is renamed from ``.part`` to its name only when its sha256
+matches the signed manifest's, so no byte is trusted before its hash checks. The folder is then adopted
+by the store as it is (`Store.adopt`: the store's state checked again, sizes, manifest and signature
+written in) and one `Package` goes to the model manager, which swaps it in on probation; the store
+renames the folder in (same file system), nothing is copied. A crash after that rename and before the
+store recorded it leaves the version under ``versions/``: the resume finishes the install from it
+(`Store.renamed_in`).
+
+States: accepted, downloading, verifying,
 installing, probation (success), unchanged (already current: a no-op), rejected (a check refused
 it), failed (the transfer could not complete), joined (the same package was offered again while
 it downloaded: the transfer carries on under the newer offer's id, named in `by`).
@@ -37,24 +47,24 @@ import queue
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from paho.mqtt.client import MQTTMessage
 
 from edged.errors import Code, CommandError, EdgedError, PackageError, ProtocolError
 from edged.models.compat import detect
-from edged.models.package import MANIFEST, sha256_file
-from edged.models.signing import SIG_FILE, TrustStore
-from edged.models.store import Offer, Store, write_atomic
+from edged.models.package import Package
+from edged.models.signing import TrustStore
+from edged.models.store import Offer, Store, fsync_dir, write_atomic
 from edged.protocol import topics
 from edged.protocol.backoff import Backoff
 from edged.protocol.ota import (
     MAX_HEADER_BYTES,
     MAX_OFFER_BYTES,
     ChunkRequest,
+    ModelRef,
     OfferArgs,
     OtaState,
     chunk_key,
@@ -64,13 +74,40 @@ from edged.protocol.ota import (
 
 from .config import OtaConfig
 
-__all__ = ["MAX_OFFER_BYTES", "OfferArgs", "OtaReceiver", "Transfer"]  # the offer's format: edged.protocol.ota
+__all__ = [
+    "MAX_OFFER_BYTES",
+    "Installer",
+    "OfferArgs",
+    "OtaLink",
+    "OtaReceiver",
+    "Transfer",
+]  # the offer's format: edged.protocol.ota
 
 logger = logging.getLogger(__name__)
 
 PROGRESS_EVERY = 1 << 20  # fsync and persist progress at least every MiB
 MAX_REASK_S = 60.0  # the most the jittered part of the wait before asking again can grow to
 DROP_LOG_EVERY_S = 60.0  # at most one log line a minute about chunks dropped on arrival
+
+
+class OtaLink(Protocol):
+    """Where the receiver talks: the device's MQTT session (daemon.publish.Publisher)."""
+
+    def topic(self, suffix: str) -> str: ...
+
+    def publish_direct(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> bool: ...
+
+
+class Installer(Protocol):
+    """Who takes a downloaded package: the model manager (daemon.swap.ModelManager)."""
+
+    def install_staged(self, pkg: Package, transfer: str | None = None) -> dict[str, Any]:
+        """Swap the staged package in, on probation; raises when refused (and reports that itself)."""
+        ...
+
+    def rejected(self, ref: ModelRef | None, exc: EdgedError, transfer: str | None = None) -> None:
+        """Report a package refused before any swap (`ref` None: its manifest named nothing trusted)."""
+        ...
 
 
 @dataclass
@@ -85,10 +122,12 @@ class Transfer:
     """One offered package's download: its folder, its offer and its persisted progress."""
 
     def __init__(self, folder: Path, transfer: str, offer: Offer) -> None:
-        self.folder = folder
+        self.folder = folder  # offer.json and progress.json: the record a restart resumes from
+        self.stage = folder / "package"  # the files, then the package the store adopts and renames in
         self.id = transfer
         self.former: set[str] = set()  # ids this transfer ran under before a newer offer joined it
         self.offer = offer
+        self.ref = ModelRef(offer.manifest.name, offer.manifest.version)
         self.progress: dict[str, int] = {}
         p = folder / "progress.json"
         if p.exists():
@@ -115,23 +154,16 @@ class OtaReceiver:
         cfg: OtaConfig,
         store: Store,
         keys_dir: Path,
-        publish: Callable[[str, bytes, int, bool], bool],
-        topic: Callable[[str], str],
-        install: Callable[[Path, str], dict[str, Any]],
-        rejected: Callable[[str | None, EdgedError, str], None],
+        link: OtaLink,
+        installer: Installer,
         stop: threading.Event,
     ) -> None:
-        """`publish(topic, payload, qos, retain)`; `topic(suffix)` is the device's topic; `install(stage,
-        transfer)` swaps a staged package in (ModelManager.install_staged, which reports its own refusals)
-        and raises when refused; `rejected(ref or None, error, transfer)` reports a refusal before that."""
         self.cfg = cfg
         self.store = store
         self.keys_dir = keys_dir
         self.root = store.state_dir / "ota"
-        self._publish = publish
-        self._topic = topic
-        self._install = install
-        self._rejected = rejected
+        self._link = link
+        self._installer = installer
         self._stop = stop
         self._chunks: queue.Queue[_Chunk] = queue.Queue()
         # What the transfer thread asked for and has not received: (transfer, file, offset) -> length. The
@@ -162,12 +194,12 @@ class OtaReceiver:
             offer = self.store.check_offer(manifest_bytes, sig_bytes, TrustStore.load(self.keys_dir), where, detect())
         except PackageError as exc:
             self.status(args.transfer, OtaState.REJECTED, error=exc)
-            self._rejected(None, exc, args.transfer)
+            self._installer.rejected(None, exc, args.transfer)
             raise CommandError(exc.code, str(exc)) from exc
-        m = offer.manifest
+        ref = ModelRef(offer.manifest.name, offer.manifest.version)
         if offer.same_version:
-            self.status(args.transfer, OtaState.UNCHANGED, model=(m.name, m.version))
-            return {"state": OtaState.UNCHANGED, "model": {"name": m.name, "version": m.version}}
+            self.status(args.transfer, OtaState.UNCHANGED, model=ref)
+            return {"state": OtaState.UNCHANGED, "model": ref.doc()}
         key = hashlib.sha256(manifest_bytes).hexdigest()[:16]
         with self._lock:
             cur = self._current
@@ -178,9 +210,7 @@ class OtaReceiver:
                         return self._accepted(cur)
                     self._join(cur, args)
                     return {**self._accepted(cur), "joined": old}
-                raise CommandError(
-                    Code.BUSY, f"a transfer of {cur.offer.manifest.name}@{cur.offer.manifest.version} runs"
-                )
+                raise CommandError(Code.BUSY, f"a transfer of {cur.ref} runs")
             folder = self.root / key
             for other in self.root.glob("*") if self.root.is_dir() else []:
                 if other.name != key:
@@ -203,19 +233,17 @@ class OtaReceiver:
                 del self._wanted[(old, f, off)]
                 self._wanted[(t.id, f, off)] = n
         write_atomic(t.folder / "offer.json", offer_payload(args))  # a restart resumes under the new id
-        m = t.offer.manifest
-        logger.info("ota: transfer %s of %s@%d joined by %s (a new offer of it)", old, m.name, m.version, t.id)
-        self.status(old, OtaState.JOINED, model=(m.name, m.version), done=t.have, total=t.total, by=t.id)
+        logger.info("ota: transfer %s of %s joined by %s (a new offer of it)", old, t.ref, t.id)
+        self.status(old, OtaState.JOINED, model=t.ref, done=t.have, total=t.total, by=t.id)
         for f, off, n in moved:
             req = ChunkRequest(transfer=t.id, file=f, offset=off, length=n)
-            self._publish(self._topic(topics.OTA_REQUEST), req.payload(), 0, False)
+            self._link.publish_direct(self._link.topic(topics.OTA_REQUEST), req.payload(), qos=0, retain=False)
 
     def _accepted(self, t: Transfer) -> dict[str, Any]:
-        m = t.offer.manifest
-        self.status(t.id, OtaState.ACCEPTED, model=(m.name, m.version), done=t.have, total=t.total)
+        self.status(t.id, OtaState.ACCEPTED, model=t.ref, done=t.have, total=t.total)
         return {
             "state": OtaState.ACCEPTED,
-            "model": {"name": m.name, "version": m.version},
+            "model": t.ref.doc(),
             "have": t.have,
             "total": t.total,
         }
@@ -240,14 +268,7 @@ class OtaReceiver:
                 shutil.rmtree(folder, ignore_errors=True)
                 continue
             t = Transfer(folder, args.transfer, offer)
-            logger.info(
-                "ota: resuming transfer %s of %s@%d at %d of %d bytes",
-                t.id,
-                offer.manifest.name,
-                offer.manifest.version,
-                t.have,
-                t.total,
-            )
+            logger.info("ota: resuming transfer %s of %s at %d of %d bytes", t.id, t.ref, t.have, t.total)
             with self._lock:
                 self._start(t)
             return
@@ -322,60 +343,59 @@ class OtaReceiver:
     # ---- the transfer thread ---------------------------------------------------------------
     def _run(self, t: Transfer) -> None:
         m = t.offer.manifest
-        ref = (m.name, m.version)
         swapping = False
         try:
-            for name in sorted(m.files):
-                self._fetch(t, name, m.files[name].size)
-                if self._stop.is_set():
-                    return
-            self.status(t.id, OtaState.VERIFYING, model=ref, done=t.total, total=t.total)
-            for name, entry in m.files.items():
-                part = t.folder / f"{name}.part"
-                if part.exists():
-                    if sha256_file(part) != entry.sha256:
-                        part.unlink()
-                        t.progress.pop(name, None)
-                        t.save()
-                        raise PackageError(
-                            f"{m.name}@{m.version}: {name}: sha256 does not match the manifest (corrupt or "
-                            "tampered in transit); the file is discarded",
-                            code=Code.HASH_MISMATCH,
-                        )
-                    os.replace(part, t.folder / name)
-            write_atomic(t.folder / MANIFEST, t.offer.manifest_bytes)
-            write_atomic(t.folder / SIG_FILE, t.offer.sig_bytes)
-            self.status(t.id, OtaState.INSTALLING, model=ref, done=t.total, total=t.total)
-            _, stage = self.store.stage(t.folder, TrustStore.load(self.keys_dir), detect())
-            if stage is None:
-                self.status(t.id, OtaState.UNCHANGED, model=ref)
+            pkg = self.store.renamed_in(t.offer)  # renamed in by a run that crashed before recording it
+            if pkg is None:
+                t.stage.mkdir(parents=True, exist_ok=True)
+                for name in sorted(m.files):
+                    entry = m.files[name]
+                    self._fetch(t, name, entry.size, entry.sha256)
+                    if self._stop.is_set():
+                        return
+                self.status(t.id, OtaState.VERIFYING, model=t.ref, done=t.total, total=t.total)
+                fsync_dir(t.stage)  # every file hashed and renamed to its name
+                pkg = self.store.adopt(t.offer, t.stage, detect())
+            self.status(t.id, OtaState.INSTALLING, model=t.ref, done=t.total, total=t.total)
+            if pkg is None:
+                self.status(t.id, OtaState.UNCHANGED, model=t.ref)
             else:
                 swapping = True  # from here the model manager reports a refusal itself
-                result = self._install(stage, t.id)
-                self.status(t.id, OtaState.PROBATION, model=ref, done=t.total, total=t.total, detail=result)
+                result = self._installer.install_staged(pkg, t.id)
+                self.status(t.id, OtaState.PROBATION, model=t.ref, done=t.total, total=t.total, detail=result)
             self.completed += 1
             shutil.rmtree(t.folder, ignore_errors=True)
         except EdgedError as exc:
-            logger.error("ota: transfer %s of %s@%d refused: %s", t.id, m.name, m.version, exc)
+            logger.error("ota: transfer %s of %s refused: %s", t.id, t.ref, exc)
             stalled = exc.code == Code.STALLED  # what arrived is kept: the same package offered again resumes
-            self.status(t.id, OtaState.FAILED if stalled else OtaState.REJECTED, model=ref, error=exc)
+            self.status(t.id, OtaState.FAILED if stalled else OtaState.REJECTED, model=t.ref, error=exc)
             if not swapping:
-                self._rejected(f"{m.name}@{m.version}", exc, t.id)
+                self._installer.rejected(t.ref, exc, t.id)
             if not stalled:
                 shutil.rmtree(t.folder, ignore_errors=True)
         except Exception as exc:  # a thread boundary: report it, keep what arrived for a resume
             logger.exception("ota: transfer %s failed", t.id)
             failure = EdgedError(f"{type(exc).__name__}: {exc}", code=Code.FAILED)
-            self.status(t.id, OtaState.FAILED, model=ref, error=failure)
+            self.status(t.id, OtaState.FAILED, model=t.ref, error=failure)
 
-    def _fetch(self, t: Transfer, name: str, size: int) -> None:
-        part = t.folder / f"{name}.part"
-        if (t.folder / name).exists():  # renamed in by a run that stopped before installing
-            os.replace(t.folder / name, part)
-        done = min(t.progress.get(name, 0), size)
+    def _fetch(self, t: Transfer, name: str, size: int, sha256: str) -> None:
+        """Download one file into ``<name>.part``, hashing each chunk as it is written (in order), and rename
+        it to its name only when its sha256 is the signed manifest's: the file is never read again here."""
+        part, final = t.stage / f"{name}.part", t.stage / name
+        if final.exists():  # hashed and renamed by a run that stopped before installing
+            os.replace(final, part)
         fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o600)
         try:
+            done = min(t.progress.get(name, 0), size, os.fstat(fd).st_size)
             os.ftruncate(fd, done)  # bytes past the last persisted offset may be torn: fetch them again
+            digest = hashlib.sha256()
+            kept = 0
+            while kept < done:  # a resume: the bytes kept count too (the only time a file is read back)
+                block = os.pread(fd, min(1 << 20, done - kept), kept)
+                if not block:
+                    raise EdgedError(f"{part}: shorter than the {done} bytes recorded", code=Code.FAILED)
+                digest.update(block)
+                kept += len(block)
             chunk_bytes = self.cfg.chunk_kb * 1024
             asked: dict[int, int] = {}  # offset -> length, in flight
             next_off = done
@@ -384,7 +404,6 @@ class OtaReceiver:
             quiet_s = self.cfg.retry_s + reask.next_s()  # jittered: a fleet offered together asks again apart
             since_save = 0
             last_status = 0.0
-            m = t.offer.manifest
             while done < size and not self._stop.is_set():
                 while len(asked) < self.cfg.window and next_off < size:
                     n = min(chunk_bytes, size - next_off)
@@ -418,6 +437,7 @@ class OtaReceiver:
                     next_off = done
                     continue  # never written: only the bytes asked for, inside the declared size
                 os.pwrite(fd, c.data, c.offset)
+                digest.update(c.data)  # in order: chunks are written only at `done`
                 del asked[c.offset]
                 done += len(c.data)
                 since_save += len(c.data)
@@ -431,8 +451,21 @@ class OtaReceiver:
                     t.save()
                     since_save = 0
                 if last_data - last_status >= 0.5 or done == size:
-                    self.status(t.id, OtaState.DOWNLOADING, model=(m.name, m.version), done=t.have, total=t.total)
+                    self.status(t.id, OtaState.DOWNLOADING, model=t.ref, done=t.have, total=t.total)
                     last_status = last_data
+            if done < size:
+                return  # stopping: what arrived is kept for a resume
+            if digest.hexdigest() != sha256:
+                part.unlink()
+                t.progress.pop(name, None)
+                t.save()
+                raise PackageError(
+                    f"{t.ref}: {name}: sha256 does not match the manifest (corrupt or tampered in transit); the "
+                    "file is discarded",
+                    code=Code.HASH_MISMATCH,
+                )
+            os.fsync(fd)
+            os.replace(part, final)
         finally:
             self._forget()
             os.close(fd)
@@ -441,13 +474,13 @@ class OtaReceiver:
         with self._want_lock:  # the id read under the lock: a join moves what is in _wanted and asks it again
             req = ChunkRequest(transfer=t.id, file=name, offset=offset, length=length)
             self._wanted[(t.id, name, offset)] = length
-        self._publish(self._topic(topics.OTA_REQUEST), req.payload(), 0, False)
+        self._link.publish_direct(self._link.topic(topics.OTA_REQUEST), req.payload(), qos=0, retain=False)
 
     def status(
         self,
         transfer: str,
         state: OtaState,
-        model: tuple[str, int] | None = None,
+        model: ModelRef | None = None,
         done: int | None = None,
         total: int | None = None,
         error: EdgedError | None = None,
@@ -455,4 +488,4 @@ class OtaReceiver:
         by: str | None = None,
     ) -> None:
         doc = status_doc(transfer, state, model, done, total, error, detail, by)
-        self._publish(self._topic(topics.OTA_STATUS), json.dumps(doc).encode(), 1, True)
+        self._link.publish_direct(self._link.topic(topics.OTA_STATUS), json.dumps(doc).encode(), qos=1, retain=True)

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +36,10 @@ import numpy as np
 
 from edged.errors import Code, EdgedError, EngineLoadError, PackageError, SwapError
 from edged.models.footprint import activation_bytes
-from edged.models.package import Package, verify_folder
+from edged.models.package import Package
 from edged.models.store import Store, crash_at_env_step
 from edged.models.validate import Tensor, check_input
+from edged.protocol.ota import ModelRef
 from edged.protocol.schemas import MODEL_STATE_SCHEMA
 
 from .backends import Backend
@@ -230,12 +231,13 @@ class ModelManager:
         return ActiveModel(backend, decoder, m.name, m.version)
 
     # ---- swaps -----------------------------------------------------------------------------
-    def install_staged(self, stage: Path, transfer: str | None = None) -> dict[str, Any]:
-        """A verified staged package (store.stage) becomes the serving model, on probation."""
+    def install_staged(self, pkg: Package, transfer: str | None = None) -> dict[str, Any]:
+        """A verified staged package (`Store.stage`, or `Store.adopt` for an OTA download) becomes the serving
+        model, on probation; the store renames its folder in. Nothing is hashed or parsed again here."""
         if self.store is None:
             raise SwapError("this daemon runs model.package, not the store (model.name): nothing to install into")
         with self._lock:
-            pkg = verify_folder(stage)
+            stage = pkg.root
             m = pkg.manifest
             if m.name != self.package.manifest.name:
                 raise SwapError(
@@ -252,7 +254,8 @@ class ModelManager:
                     Code.DECODER_MISMATCH,
                 ):
                     self.store.mark_bad(m.name, m.version)
-                shutil.rmtree(stage, ignore_errors=True)  # never activated: its staged copy goes now
+                if not stage.is_relative_to(self.store.root):  # (a crash's leftover under versions/ stays)
+                    shutil.rmtree(stage, ignore_errors=True)  # never activated: its staged copy goes now
                 self._outcome("model_rejected", pkg.ref, code=exc.code, error=str(exc), transfer=transfer)
                 raise
             return {"model": {"name": m.name, "version": m.version}, "mode": mode, "gap_ms": round(gap_ms, 1)}
@@ -296,7 +299,7 @@ class ModelManager:
         crash_at_env_step("swap_flipped")
         if mode == "side_by_side" and old is not None:
             old.backend.close()
-        self.package = verify_folder(self.store.root / m.name / "versions" / str(m.version))
+        self.package = replace(pkg, root=self.store.root / m.name / "versions" / str(m.version))  # renamed in
         self.probation = Probation(m.version, time.monotonic(), baseline, 0, before)
         self.swaps += 1
         self.last_gap_ms = gap_ms
@@ -464,9 +467,11 @@ class ModelManager:
             self.store.probation_run(self.package.manifest.name, None)  # (a verdict whose rollback was refused)
 
     # ---- reporting -------------------------------------------------------------------------
-    def rejected(self, ref: str | None, exc: EdgedError, transfer: str | None = None) -> None:
+    def rejected(self, ref: ModelRef | None, exc: EdgedError, transfer: str | None = None) -> None:
         """An offer or a download refused before any swap (verification, hashes): an event and model/state."""
-        self._outcome("model_rejected", ref, code=exc.code, error=str(exc), transfer=transfer)
+        self._outcome(
+            "model_rejected", None if ref is None else str(ref), code=exc.code, error=str(exc), transfer=transfer
+        )
 
     def _outcome(self, kind: str, ref: str | None, **fields: Any) -> None:
         model = None  # a manifest that did not verify names nothing we can trust

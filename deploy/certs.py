@@ -327,12 +327,11 @@ pattern write {p}/%u/model/state
 pattern write {p}/%u/snapshot/+
 pattern write {p}/%u/ota/req
 pattern write {p}/%u/ota/status
-# replies: the default one (…/cmd/<verb>/reply), a response topic in the device's own namespace, and
-# the reply topic of an `edged push` (a command's response topic is confined to these; README, Commands).
-# mosquitto warns that the last has no %u: it is meant for every device.
+# replies: the default one (…/cmd/<verb>/reply) and a response topic in the device's own namespace,
+# an `edged push` offer's included (…/reply/_push/<transfer>); a command's response topic is confined to
+# these (docs/subscriber.md, Commands).
 pattern write {p}/%u/cmd/+/reply
 pattern write {p}/%u/reply/#
-pattern write {p}/_push/+/reply
 
 # The site's backend (CN = backend, `edged certs backend`; no device may be named so): reads every
 # device (results, status and its last will, group discovery, replies, OTA requests and status), sends

@@ -3,6 +3,8 @@
 It offers the signed manifest on each device's ``cmd/ota``, serves the chunks each device asks for on
 ``…/ota/req`` (from a verified local copy of the package), and follows ``…/ota/status`` and the
 retained ``…/model/state`` until every device has an outcome. Nothing but the broker is involved.
+Each device answers the offer on its own ``…/reply/_push/<transfer>`` (the offer's response topic), so
+the ACL lets a device answer only for itself; devices that predate it accept that topic as well.
 
 A device downloads one package at a time. When another pusher offers the same package while a
 transfer runs, the device carries on with the bytes it has under the newer offer's transfer id (so a
@@ -91,11 +93,11 @@ class Pusher:
         self.total = sum(e.size for e in pkg.manifest.files.values())
         self.transfer = uuid.uuid4().hex[:16]
         self._offers_until = 0.0  # monotonic: an offer must not outlive this pusher's wait for it
-        self.reply_topic = topics.push_reply(self.prefix, self.transfer)
+        self.replies = topics.push_replies(self.prefix, self.transfer)  # each device answers under its own root
         self.offer = offer_payload(offer_args(self.transfer, self.manifest_bytes, self.sig_bytes))
         self.devices: dict[str, Device] = {}
         self._lock = threading.Lock()
-        self._subs: list[str] = [self.reply_topic]
+        self._subs: list[str] = [self.replies]
         self._unacked: set[int] = set()  # SUBSCRIBE message ids the broker has not acknowledged yet
         self._statuses: dict[str, dict[str, Any]] = {}
         self._connected = threading.Event()
@@ -230,14 +232,14 @@ class Pusher:
 
     def _offer(self, d: Device) -> None:
         props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-        props.ResponseTopic = self.reply_topic
+        root = topics.device_root(self.prefix, d.id)
+        props.ResponseTopic = topics.push_reply(root, self.transfer)
         props.CorrelationData = d.id.encode()
         # An offer waiting in an offline device's session must not be taken after this pusher has given up
         # (nobody would serve its chunks): the broker drops it then, and the device refuses it if it is late.
         props.MessageExpiryInterval = max(1, math.ceil(self._offers_until - time.monotonic()))
         with self._lock:
             d.offered_at = time.monotonic()
-        root = topics.device_root(self.prefix, d.id)
         self.client.publish(topics.command(root, "ota"), self.offer, qos=1, properties=props)
 
     # ---- messages (paho's thread) ----------------------------------------------------------
@@ -249,10 +251,9 @@ class Pusher:
 
     def _handle(self, msg: mqtt.MQTTMessage) -> None:
         topic = msg.topic
-        if topic == self.reply_topic:
-            corr = getattr(msg.properties, "CorrelationData", b"") or b""
-            return self._on_reply(corr.decode(errors="replace"), json.loads(msg.payload))
         dev, suffix = topics.split(self.prefix, topic)
+        if topic == topics.push_reply(topics.device_root(self.prefix, dev), self.transfer):
+            return self._on_reply(dev, json.loads(msg.payload))  # the device named by its own topic
         if suffix == topics.STATUS:
             if msg.payload:
                 with self._lock:

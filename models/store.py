@@ -9,7 +9,10 @@
 
 Every write that must survive a power cut is: write a temp file -> fsync -> os.replace -> fsync the
 folder. A version folder appears under ``versions/`` only complete (staged, checked, fsynced, renamed
-in). ``recover()`` (run at every start) wipes staging and temp files, quarantines a corrupt
+in, one rename). A package comes in two ways: ``stage()`` copies a tar or folder into ``staging/``
+(checking as it goes), ``adopt()`` takes a folder under the state directory whose files were hashed as
+they were written (an OTA download): nothing is copied, ``activate()`` renames it in (same file system).
+``recover()`` (run at every start) wipes staging and temp files, quarantines a corrupt
 ``state.json`` and restores it from ``state.json.bak`` (else rebuilds it from what is on disk), and
 points a dangling ``current`` at ``previous``. So after a crash at any step exactly one of old / new is ``current``.
 
@@ -41,6 +44,7 @@ from .package import (
     MAX_MANIFEST_BYTES,
     Manifest,
     Package,
+    _with_labels_file,
     check_members,
     parse_manifest,
     tar_members,
@@ -299,6 +303,12 @@ class Store:
             )
         kid = trust.verify(manifest_bytes, sig_bytes, where)
         m = parse_manifest(manifest_bytes, where)
+        same = self._admit(m, where, facts, now)
+        return Offer(m, manifest_bytes, sig_bytes, kid, same)
+
+    def _admit(self, m: Manifest, where: str, facts: DeviceFacts | None = None, now: dt.datetime | None = None) -> bool:
+        """The checks of a verified manifest against this device and the store's state, which may change
+        while a package downloads (so `adopt` runs them again); True when this version is already current."""
         now = now or dt.datetime.now(dt.timezone.utc)
         if m.expires is not None:
             try:
@@ -343,7 +353,7 @@ class Store:
         free = shutil.disk_usage(self.state_dir).free
         if not same and need * 1.1 > free:
             raise PackageError(f"{where}: needs {need >> 20} MiB, {free >> 20} MiB free", code=Code.NO_SPACE)
-        return Offer(m, manifest_bytes, sig_bytes, kid, same)
+        return same
 
     # ---- install ---------------------------------------------------------------------------
     def install(
@@ -354,12 +364,12 @@ class Store:
         progress: Callable[[str], None] | None = None,
     ) -> Installed:
         """Verify a package (tar or folder) and make it `current` on probation; the old one `previous`."""
-        offer, stage = self.stage(source, trust, facts, progress)
-        if stage is None:
+        offer, staged = self.stage(source, trust, facts, progress)
+        if staged is None:
             return Installed(
                 offer.manifest.name, offer.manifest.version, "unchanged", self.pointer(offer.manifest.name, "previous")
             )
-        return self.activate(offer.manifest.name, offer.manifest.version, stage)
+        return self.activate(offer.manifest.name, offer.manifest.version, staged.root)
 
     def stage(
         self,
@@ -367,9 +377,10 @@ class Store:
         trust: TrustStore,
         facts: DeviceFacts | None = None,
         progress: Callable[[str], None] | None = None,
-    ) -> tuple[Offer, Path | None]:
-        """Every check, then a verified copy under staging/; None instead of a folder when this version is
-        already current (a no-op). Nothing outside staging/ changes; a refused package leaves nothing."""
+    ) -> tuple[Offer, Package | None]:
+        """Every check, then a verified copy under staging/ (the package, rooted there); None instead when
+        this version is already current (a no-op). Nothing outside staging/ changes; a refused package
+        leaves nothing."""
         say = progress or (lambda m: None)
         manifest_bytes, sig_bytes = read_head(source)
         offer = self.check_offer(manifest_bytes, sig_bytes, trust, str(source), facts or detect())
@@ -385,12 +396,57 @@ class Store:
             _copy_files(source, stage, m)
             write_atomic(stage / MANIFEST, manifest_bytes)
             write_atomic(stage / SIG_FILE, sig_bytes)
-            verify_folder(stage)  # sizes and hashes, the last check
+            pkg = verify_folder(stage)  # sizes and hashes, the last check
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)  # a refused package leaves nothing behind
             raise
         self._step("staged")
-        return offer, stage
+        return offer, pkg
+
+    def adopt(self, offer: Offer, folder: Path, facts: DeviceFacts | None = None) -> Package | None:
+        """Take `folder` as the staged package of `offer`, as it is: its files were hashed against the
+        offer's (signed, checked) manifest as they were written, by the caller (OTA's receiver), and were
+        fsynced. Only what may have changed since the offer is checked again: the store's state (another
+        version installed meanwhile: None when this one is current now), each file's size (a stat), nothing
+        else in the folder. manifest.json and manifest.sig are written in, the folder is fsynced, and
+        `activate` renames it in: `folder` must be under the state directory (one file system), nothing
+        is copied or hashed again. On a refusal the folder is left as it was (the caller owns it)."""
+        m = offer.manifest
+        where = str(folder)
+        if not folder.resolve().is_relative_to(self.state_dir.resolve()):
+            raise PackageError(f"{where}: not under {self.state_dir}: it cannot be renamed in", code=Code.FAILED)
+        if self._admit(m, where, facts or detect()):
+            return None
+        for tmp in folder.glob(".*.tmp"):  # a write_atomic cut short by a crash
+            tmp.unlink()
+        extra = sorted(p.name for p in folder.iterdir() if p.name not in m.files and p.name not in (MANIFEST, SIG_FILE))
+        if extra:
+            raise PackageError(f"{where}: {', '.join(extra)}: not in the manifest", code=Code.UNDECLARED_FILE)
+        for name, entry in m.files.items():
+            f = folder / name
+            try:
+                size = f.stat().st_size
+            except OSError as exc:
+                raise PackageError(f"{f}: listed in the manifest but missing", code=Code.FILE_MISSING) from exc
+            if size != entry.size:
+                raise PackageError(f"{f}: {size} bytes, the manifest says {entry.size}", code=Code.SIZE_MISMATCH)
+        write_atomic(folder / MANIFEST, offer.manifest_bytes)
+        write_atomic(folder / SIG_FILE, offer.sig_bytes)
+        self._step("staged")
+        return Package(root=folder, manifest=_with_labels_file(folder, m), manifest_bytes=offer.manifest_bytes)
+
+    def renamed_in(self, offer: Offer) -> Package | None:
+        """The offer's version when a crash after `activate` renamed it in (before it was recorded) left it
+        under ``versions/``: checked again in full (hashes: it is a crash's leftover), so an interrupted
+        install finishes from it. None when it is not there or is not exactly this package."""
+        m = offer.manifest
+        final = self._dir(m.name) / "versions" / str(m.version)
+        try:
+            if (final / MANIFEST).read_bytes() != offer.manifest_bytes:
+                return None
+            return verify_folder(final)
+        except (OSError, PackageError):
+            return None
 
     def activate(self, name: str, version: int, stage: Path, baseline_infer_ms: float | None = None) -> Installed:
         """Rename a verified staged folder in, record it, flip the links (previous first). `baseline_infer_ms`:
@@ -399,15 +455,14 @@ class Store:
         vdir = d / "versions"
         vdir.mkdir(parents=True, exist_ok=True)
         final = vdir / str(version)
-        if final.exists():  # left by a crash after the rename: identical content (same verified manifest)
-            shutil.rmtree(stage)
-        else:
-            hidden = vdir / f".{version}.partial"
-            shutil.rmtree(hidden, ignore_errors=True)
-            os.replace(stage, hidden)
-            fsync_dir(vdir)
+        if stage == final:  # renamed in by a run that crashed before recording it (`renamed_in`)
             self._step("hidden")
-            os.replace(hidden, final)
+        elif final.exists():  # left by a crash after the rename: identical content (same verified manifest)
+            shutil.rmtree(stage)
+            self._step("hidden")
+        else:
+            os.replace(stage, final)  # one rename: a staged folder is complete and fsynced
+            self._step("hidden")  # renamed in, the folder not yet fsynced
             fsync_dir(vdir)
         self._step("renamed")
         state = self.state(name)

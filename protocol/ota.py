@@ -17,6 +17,7 @@ import binascii
 import json
 import struct
 import time
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -47,6 +48,21 @@ class OtaState(str, Enum):
     REJECTED = "rejected"  # a check refused it (`error`)
     FAILED = "failed"  # the transfer could not complete (`error`; what arrived is kept for a resume)
     JOINED = "joined"  # the same package was offered again: the transfer carries on under the id in `by`
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model's identity as every OTA message names it: ``{"name", "version"}`` on the wire, ``name@version``
+    in words."""
+
+    name: str
+    version: int
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def doc(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version}
 
 
 class OfferArgs(BaseModel):
@@ -146,7 +162,7 @@ def chunk_key(payload: bytes | bytearray) -> tuple[tuple[str, str, int], int]:
 def status_doc(
     transfer: str,
     state: OtaState,
-    model: tuple[str, int] | None = None,
+    model: ModelRef | None = None,
     done: int | None = None,
     total: int | None = None,
     error: EdgedError | None = None,
@@ -156,7 +172,7 @@ def status_doc(
     """An ``edged.ota/1`` document for ``…/ota/status`` (QoS 1, retained)."""
     doc: dict[str, Any] = {"schema": OTA_SCHEMA, "transfer": transfer, "state": state, "ts": time.time()}
     if model is not None:
-        doc["model"] = {"name": model[0], "version": model[1]}
+        doc["model"] = model.doc()
     if done is not None:
         doc["bytes"], doc["total"] = done, total
     if error is not None:

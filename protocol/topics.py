@@ -12,15 +12,13 @@ A device's topics live under its root, ``<topic_prefix>/<device_id>`` (default `
     …/cmd/<verb>                        in   1    no        the verb's arguments (a JSON object)
     …/cmd/<verb>/reply                  out  1    no        edged.reply/1, when no response topic was given
     …/reply/<anything>                  out  1    no        edged.reply/1, to a subscriber's response topic
-    <prefix>/_push/<transfer>/reply     out  1    no        edged.reply/1, to an ``edged push`` offer
+    …/reply/_push/<transfer>            out  1    no        edged.reply/1, to an ``edged push`` offer
     …/ota/req                           out  0    no        edged.ota_request/1: a chunk the device asks for
     …/ota/data                          in   0    no        a chunk: [2-byte header length][header JSON][bytes]
     …/ota/status                        out  1    yes       edged.ota/1
 """
 
 from __future__ import annotations
-
-import re
 
 # a device topic's suffix under its root (what `Publisher.topic(suffix)` and `route(suffix)` take)
 STATUS = "status"
@@ -30,8 +28,7 @@ MODEL_STATE = "model/state"
 OTA_REQUEST = "ota/req"
 OTA_DATA = "ota/data"
 OTA_STATUS = "ota/status"
-PUSH = "_push"  # the pushers' namespace under the prefix: <prefix>/_push/<transfer>/reply
-_PUSH_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+PUSH = "_push"  # an ``edged push``'s replies under each device's own reply namespace: …/reply/_push/<transfer>
 MAX_TOPIC_BYTES = 1024  # the longest response topic a device replies on
 
 
@@ -88,9 +85,15 @@ def verb_of(root: str, topic: str) -> str:
     return topic[len(prefix) :] if topic.startswith(prefix) else ""
 
 
-def push_reply(prefix: str, transfer: str) -> str:
-    """An ``edged push``'s reply topic (its offers' MQTT v5 response topic)."""
-    return f"{prefix}/{PUSH}/{transfer}/reply"
+def push_reply(root: str, transfer: str) -> str:
+    """An ``edged push``'s reply topic for one device (its offer's MQTT v5 response topic): under the device's
+    own ``…/reply/``, so the ACL lets a device answer only for itself (older devices accept it too)."""
+    return f"{root}/reply/{PUSH}/{transfer}"
+
+
+def push_replies(prefix: str, transfer: str) -> str:
+    """The filter an ``edged push`` subscribes to for every device's reply to its offers."""
+    return f"{prefix}/+/reply/{PUSH}/{transfer}"
 
 
 def ota_request(root: str) -> str:
@@ -123,13 +126,10 @@ def split(prefix: str, topic: str) -> tuple[str, str]:
 
 def response_topic_allowed(topic: str, root: str) -> bool:
     """Whether a device whose topics are under `root` may reply on `topic`: its own ``…/reply/<anything>``
-    or a pusher's ``<prefix>/_push/<id>/reply`` (what the shipped ACL, systemd/mosquitto/edged.acl, lets a
-    device publish), never wildcards, ``$SYS/…`` or another device's topics."""
+    (an ``edged push`` offer's too: ``…/reply/_push/<transfer>``), what the shipped ACL,
+    systemd/mosquitto/edged.acl, lets a device publish; never wildcards, ``$SYS/…`` or another device's
+    topics (nor ``<prefix>/_push/<id>/reply``, the shared reply topic older pushers named: any device could
+    write it)."""
     if not topic or len(topic.encode()) > MAX_TOPIC_BYTES or any(c in topic for c in "+#\x00") or topic.startswith("$"):
         return False
-    if topic.startswith(root + "/reply/") and "//" not in topic:
-        return True
-    prefix = root.rpartition("/")[0]
-    head, _, rest = topic.partition(prefix + f"/{PUSH}/")
-    token, _, tail = rest.partition("/")
-    return head == "" and tail == "reply" and _PUSH_ID.fullmatch(token) is not None
+    return topic.startswith(root + "/reply/") and "//" not in topic

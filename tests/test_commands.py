@@ -251,7 +251,9 @@ def test_fuzzed_commands_over_mqtt_each_get_a_reply(
     [
         ("edged/dev/reply/backend", True),
         ("edged/dev/reply/a/b", True),
-        ("edged/_push/0123abcd/reply", True),
+        ("edged/dev/reply/_push/0123abcd", True),  # an `edged push` offer's
+        ("edged/_push/0123abcd/reply", False),  # the shared push reply topic older pushers named
+        ("edged/other/reply/_push/0123abcd", False),  # another device's answer to a push
         ("edged/other/reply/x", False),  # another device's reply namespace
         ("edged/other/results/cam", False),
         ("edged/dev/results/cam", False),  # the device's own results: not a reply topic

@@ -301,7 +301,8 @@ def test_response_topics_are_confined_under_the_shipped_acl(
             "other": "edged/other-02/results/cam",  # another device's results
             "sys": "$SYS/broker/x",
             "backend": "backend/replies",  # not a topic a device may write
-            "push": "edged/_push/0123abcd/reply",  # `edged push`'s reply topic
+            "shared": "edged/_push/0123abcd/reply",  # older pushers' reply topic, writable by any device
+            "push": "edged/test-01/reply/_push/0123abcd",  # `edged push`'s reply topic for this device
             "own": "edged/test-01/reply/backend",  # the device's own reply namespace
         }
         for corr, topic in sent.items():
@@ -317,8 +318,8 @@ def test_response_topics_are_confined_under_the_shipped_acl(
             }
 
         default = "edged/test-01/cmd/status/reply"
-        wait_until(lambda: len(replies(default)) == 3, 20, "the three refusals on the default reply topic")
-        for corr in ("other", "sys", "backend"):
+        wait_until(lambda: len(replies(default)) == 4, 20, "the four refusals on the default reply topic")
+        for corr in ("other", "sys", "backend", "shared"):
             reply = replies(default)[corr]
             assert not reply["ok"] and reply["error"]["code"] == "bad_response_topic", reply
             assert sent[corr][:12] in reply["error"]["message"]

@@ -35,6 +35,7 @@ from edged.protocol import (
 from edged.protocol.commands import parse_payload, reply_doc
 from edged.protocol.ota import (
     ChunkRequest,
+    ModelRef,
     OfferArgs,
     chunk,
     chunk_key,
@@ -195,7 +196,7 @@ def test_a_bad_chunk_frame_is_refused_as_malformed(payload: bytes) -> None:
 
 def test_ota_status_documents_validate_in_every_state() -> None:
     for state in OtaState:
-        doc = status_doc("t-1", state, model=("faces", 7), done=10, total=20, by="t-2")
+        doc = status_doc("t-1", state, model=ModelRef("faces", 7), done=10, total=20, by="t-2")
         _validate(json.loads(json.dumps(doc)), OTA_SCHEMA)
         assert json.loads(json.dumps(doc))["state"] == state.value
     failed = status_doc("t-1", OtaState.FAILED, error=CommandError(Code.STALLED, "no data"))
@@ -209,7 +210,10 @@ def test_topic_builders_match_the_documented_layout() -> None:
     assert topics.command_reply(root, "") == "edged/orin-07/cmd/unknown/reply"
     assert topics.verb_of(root, topics.command(root, "pause")) == "pause"
     assert topics.split("edged", topics.ota_request(root)) == ("orin-07", "ota/req")
-    assert topics.response_topic_allowed(topics.push_reply("edged", "abc"), root)
+    assert topics.push_reply(root, "abc") == "edged/orin-07/reply/_push/abc"
+    assert topics.push_replies("edged", "abc") == "edged/+/reply/_push/abc"
+    assert topics.response_topic_allowed(topics.push_reply(root, "abc"), root)
+    assert not topics.response_topic_allowed(topics.push_reply("edged/orin-08", "abc"), root)
     assert not topics.response_topic_allowed(topics.status("edged/orin-08"), root)
 
 

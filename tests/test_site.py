@@ -227,7 +227,7 @@ def test_every_flow_through_the_shipped_acl(
     watch = edged_cli("watch", "-c", str(ops), "--count", "2", "--duration", "30", timeout=60)
     assert watch.returncode == 0 and "watch: 2 results" in watch.stderr, watch.stdout + watch.stderr
     # `edged push` with the backend's identity: group discovery (retained status), the offer
-    # (cmd/ota), the chunks (ota/data), the device's requests, status and its reply on _push/<id>/reply
+    # (cmd/ota), the chunks (ota/data), the device's requests, status and its reply on reply/_push/<id>
     v2 = build(demo, tmp_path, signer, 2)
     r = edged_cli("push", str(v2), "--group", "dock", "-c", str(ops), "--timeout", "120", timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr + d.output()[-3000:]
@@ -261,7 +261,11 @@ def test_the_shipped_acl_confines_each_device(shipped: SiteBroker, connect) -> N
     assert not acked(cam1, "edged/cam-01/results/lobby", b'{"mine": true}').is_failure
     assert not acked(backend, "edged/cam-01/cmd/status").is_failure
     assert not acked(backend, "edged/cam-01/ota/data", b"\x00\x02{}").is_failure
-    assert not acked(cam2, "edged/_push/0123456789abcdef/reply").is_failure  # any device answers a push
+    # each device answers an `edged push` offer on its own reply topic, never on another's (nor on the
+    # shared one older pushers named, which let any device answer for any other)
+    assert not acked(cam2, "edged/cam-02/reply/_push/0123456789abcdef").is_failure
+    assert acked(cam2, "edged/cam-01/reply/_push/0123456789abcdef").value == denied
+    assert acked(cam2, "edged/_push/0123456789abcdef/reply").value == denied
     wait_until(lambda: "edged/cam-01/cmd/status" in topics(got1), 5, "cam-01's own command")
     wait_until(lambda: "edged/cam-01/results/lobby" in topics(seen), 5, "cam-01's own result")
     # cam-02's own command, sent last, reaches it through the same subscription: whatever of cam-01's
@@ -391,7 +395,8 @@ def test_an_acl_for_another_prefix_confines_devices_under_it(site: Path, tmp_pat
         cam1, got1 = connect(b, "cam-01")
         subscribed(cam1, "site7/dock/cam-01/cmd/+")
         assert not acked(cam1, "site7/dock/cam-01/results/lobby", b'{"mine": true}').is_failure
-        assert not acked(cam1, "site7/dock/_push/0123456789abcdef/reply").is_failure
+        assert not acked(cam1, "site7/dock/cam-01/reply/_push/0123456789abcdef").is_failure
+        assert acked(cam1, "site7/dock/cam-02/reply/_push/0123456789abcdef").value == 0x87
         assert acked(cam1, "site7/dock/cam-02/results/lobby").value == 0x87
         assert acked(cam1, "edged/cam-01/results/lobby").value == 0x87  # the shipped prefix is not this site's
         assert acked(cam1, "site7/dock/cam-01/cmd/status").value == 0x87
