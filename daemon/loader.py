@@ -32,7 +32,8 @@ from edged.errors import (
     StateDirError,
 )
 from edged.models.package import Package, open_package
-from edged.models.store import Store, crash_at_env_step
+from edged.models.store import Store
+from edged.models.storefiles import crash_at_env_step
 
 from .backends import Backend, open_backend, tensorrt_unavailable_reason
 from .config import Config

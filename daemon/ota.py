@@ -57,7 +57,8 @@ from edged.errors import Code, CommandError, EdgedError, PackageError, ProtocolE
 from edged.models.compat import detect
 from edged.models.package import Package
 from edged.models.signing import TrustStore
-from edged.models.store import Offer, Store, fsync_dir, write_atomic
+from edged.models.store import Offer, Store
+from edged.models.storefiles import fsync_dir, write_atomic
 from edged.protocol import topics
 from edged.protocol.backoff import Backoff
 from edged.protocol.ota import (

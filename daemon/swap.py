@@ -37,7 +37,8 @@ import numpy as np
 from edged.errors import Code, EdgedError, EngineLoadError, PackageError, SwapError
 from edged.models.footprint import activation_bytes
 from edged.models.package import Package
-from edged.models.store import Store, crash_at_env_step
+from edged.models.store import Store
+from edged.models.storefiles import crash_at_env_step
 from edged.models.validate import Tensor, check_input
 from edged.protocol.ota import ModelRef
 from edged.protocol.schemas import MODEL_STATE_SCHEMA

@@ -43,7 +43,7 @@ from paho.mqtt.properties import Properties
 
 from edged.errors import Code, EdgedError, PublishError
 from edged.models.package import Manifest, open_package
-from edged.models.store import read_head
+from edged.models.storefiles import read_head
 from edged.protocol import topics
 from edged.protocol.client import MqttSettings, make_client, reconnect_backoff
 from edged.protocol.ota import OtaState, chunk, offer_args, offer_payload

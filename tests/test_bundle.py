@@ -206,8 +206,17 @@ def test_jetson_bundle_in_a_jetpack_layout_rootfs(tmp_path: Path) -> None:
     --root`, then the first boot's work in a chroot, offline, then `edged doctor` there. Built for
     x86_64 (`--machine x86_64`), since this machine cannot execute aarch64; the recipe is the same.
     About 3 minutes, plus a few the first time (debootstrap, cached in /var/cache/edged-nspawn)."""
+    import urllib.request
+
     from edged.models.demo import fetch_demo
 
+    cached = Path(os.environ.get("EDGED_NSPAWN_CACHE", "/var/cache/edged-nspawn")) / "rootfs-jammy-jetpack-layout"
+    if not (cached / "usr/bin/python3.10").exists():  # the first run debootstraps Ubuntu 22.04 from its archive
+        mirror = os.environ.get("UBUNTU_MIRROR", "http://archive.ubuntu.com/ubuntu")
+        try:
+            urllib.request.urlopen(f"{mirror}/dists/jammy/Release", timeout=15).close()
+        except OSError as exc:
+            pytest.skip(f"needs Ubuntu 22.04 packages from {mirror} (not reachable here: {exc})")
     r = subprocess.run(
         ["bash", str(REPO / "tests/nspawn/jetpack-rootfs.sh")], capture_output=True, text=True, timeout=1800
     )
