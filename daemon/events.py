@@ -95,7 +95,7 @@ class Scene:
         dets = [d for d in r.detections if self._keep(d, w, h)]
         events: list[dict[str, Any]] = []
         if self.tracker is None:
-            out = [d for d in dets if d.score >= self.score][: self.max_detections]
+            out = sorted((d for d in dets if d.score >= self.score), key=lambda d: -d.score)[: self.max_detections]
             if self.zones:
                 out = [self._with_zones(d, w, h) for d in out]
             return dataclasses.replace(r, detections=out), events

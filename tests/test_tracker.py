@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from daemon.config import TrackingConfig, ZoneConfig
-from daemon.tracker import Tracker
-from daemon.zones import Polygons, anchor_point, inside
+import base64
+
+import numpy as np
+
+from edged.daemon.capture import FrameMeta
+from edged.daemon.config import CameraConfig, CameraDetectionConfig, DetectionConfig, TrackingConfig, ZoneConfig
+from edged.daemon.decoders import Detection
+from edged.daemon.events import Scene, Scenes, decode_options
+from edged.daemon.inference import Result
+from edged.daemon.preprocess import Transform
+from edged.daemon.tracker import Tracker
+from edged.daemon.zones import Polygons, anchor_point, inside
 
 
 def box(cx: float, cy: float, s: float = 40.0) -> tuple[float, float, float, float]:
@@ -64,3 +73,84 @@ def test_zones_in_pixels_and_normalised() -> None:
     assert zones.containing((100, 100), 960, 540) == ["left"]
     assert zones.containing((600, 100), 960, 540) == []
     assert anchor_point((0, 0, 10, 20), "bottom") == (5, 20) and anchor_point((0, 0, 10, 20), "center") == (5, 10)
+
+
+# --- a camera's Scene: its own settings, masks, zones, events ---------------------------------------------
+
+
+def result(frame: int, dets: list[Detection], camera: str = "cam") -> Result:
+    meta = FrameMeta(frame, 1_000_000.0 + frame / 10, float(frame), Transform(1, 1, 0, 0, 640, 480))
+    return Result(camera, meta, dets, 1.0, float(frame), "m", 1)
+
+
+def det(label: str, score: float, b: tuple[float, float, float, float]) -> Detection:
+    return Detection(label, 0, score, b)
+
+
+def test_a_cameras_own_settings_override_the_global_ones() -> None:
+    glob = DetectionConfig(score_threshold=0.7, labels=["face"], max_detections=5)
+    own = CameraDetectionConfig(
+        score_threshold=0.4,
+        labels=["face", "cat"],
+        max_detections=2,
+        min_box_px=10,
+        masks=[{"name": "tv", "points": [(0, 0), (100, 0), (100, 100), (0, 100)]}],
+        tracking={"enabled": False},
+    )
+    cams = [CameraConfig(name="cam", uri="synthetic://", detection=own), CameraConfig(name="b", uri="synthetic://")]
+    opts = decode_options(glob, cams)
+    assert opts.score_threshold == 0.4 and opts.max_detections == 5 and opts.labels == {"face", "cat"}
+    s = Scene("cam", glob, own)
+    dets = [
+        det("face", 0.5, (200, 200, 250, 250)),  # kept: 0.5 >= the camera's 0.4
+        det("face", 0.3, (300, 200, 350, 250)),  # under the camera's threshold
+        det("dog", 0.9, (200, 300, 250, 350)),  # a label the camera does not keep
+        det("cat", 0.9, (400, 300, 405, 350)),  # 5 px wide: under min_box_px
+        det("face", 0.95, (20, 20, 60, 60)),  # its center is in the mask
+        det("cat", 0.6, (400, 100, 450, 150)),
+        det("face", 0.45, (500, 100, 550, 150)),  # the third kept: over max_detections 2
+    ]
+    out, events = s.process(result(0, dets), None)
+    assert [(d.label, d.score) for d in out.detections] == [("cat", 0.6), ("face", 0.5)] and not events
+    other = Scene("b", glob, None)  # no block: the global settings
+    out, _ = other.process(result(0, dets, "b"), None)
+    assert [(d.label, d.score) for d in out.detections] == [("face", 0.95)]
+
+
+def test_scene_events_with_zones_and_a_snapshot() -> None:
+    own = CameraDetectionConfig(
+        zones=[{"name": "door", "points": [(0.5, 0), (1, 0), (1, 1), (0.5, 1)], "normalized": True}],
+        tracking={"min_hits": 2, "max_age": 2},
+        publish="events",
+    )
+    frame = np.full((480, 640, 3), 128, np.uint8)
+    scenes = Scenes(
+        DetectionConfig(score_threshold=0.5),
+        [CameraConfig(name="cam", uri="synthetic://", detection=own)],
+        lambda _: frame,
+    )
+    kinds = []
+    for f in range(12):  # a face walks right across the door's edge (x = 320), then is gone
+        dets = [det("face", 0.9, (250 + 20 * f, 200, 290 + 20 * f, 240))] if f < 8 else []
+        _, events, frames_out = scenes.process(result(f, dets))
+        assert not frames_out  # publish: events
+        kinds += [(e["type"], e.get("zone"), e["last_frame"]) for e in events]
+    kinds += [(e["type"], e.get("zone"), e["last_frame"]) for e in scenes.close()]
+    assert kinds == [
+        ("object_appeared", None, 1),
+        ("object_entered", "door", 3),  # center 330 > 320 on frame 3
+        ("object_left", "door", 7),  # the track ended inside the zone
+        ("object_ended", None, 7),
+    ]
+
+
+def test_snapshot_in_appeared_and_ended() -> None:
+    own = CameraDetectionConfig(tracking={"min_hits": 1}, publish="both", snapshot_kb=8)
+    frame = np.random.default_rng(0).integers(0, 255, (480, 640, 3), np.uint8)
+    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda _: frame)
+    _, events, frames_out = scenes.process(result(0, [det("face", 0.9, (10, 10, 200, 200))]))
+    assert frames_out and events[0]["type"] == "object_appeared"
+    jpg = base64.b64decode(events[0]["snapshot"]["data"])
+    assert jpg[:2] == b"\xff\xd8" and len(jpg) <= 8 * 1024
+    (ended,) = scenes.close()
+    assert ended["type"] == "object_ended" and ended["snapshot"] == events[0]["snapshot"]
