@@ -82,11 +82,6 @@ def run(broker, subscribe, start_daemon, demo: DemoAssets, tmp: Path, publish: s
     return list(sub.messages), frames
 
 
-def objects(messages: list[Any]) -> list[Any]:
-    """The messages that carry object events."""
-    return [m for m in messages if m.topic.endswith("/events") and m.json()["type"] in OBJECT_TYPES]
-
-
 def object_events(messages: list[Any]) -> list[dict[str, Any]]:
     docs = [m.json() for m in messages if m.topic.endswith("/events")]
     return [e for e in docs if e["type"] in OBJECT_TYPES]
