@@ -265,6 +265,12 @@ class CameraDetectionConfig(_Strict):
             raise ValueError(f"zone names must be unique, got {names}")
         return v
 
+    @model_validator(mode="after")
+    def _events_need_tracks(self) -> CameraDetectionConfig:
+        if self.publish != "frames" and not self.tracking.enabled:
+            raise ValueError(f"publish: {self.publish} needs tracking (object events are about tracks)")
+        return self
+
 
 class CameraConfig(_Strict):
     name: str = Field(description="unique; a topic level (letters, digits, '_', '.', '-')")

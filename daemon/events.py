@@ -206,6 +206,7 @@ class Scenes:
     def __init__(self, detection: DetectionConfig, cameras: Sequence[CameraConfig], frames: FrameSource) -> None:
         self.scenes = {c.name: Scene(c.name, detection, c.detection) for c in cameras}
         self._frames = frames
+        self.errors = 0
 
     def process(self, r: Result) -> tuple[Result, list[dict[str, Any]], bool]:
         """(the result as published, the object events to send, whether the result itself goes out)."""
@@ -213,7 +214,15 @@ class Scenes:
         if scene is None:
             return r, [], True
         frame = self._frames(r.camera) if scene.publish_events and scene.cfg.snapshot_kb > 0 else None
-        out, events = scene.process(r, frame)
+        try:
+            out, events = scene.process(r, frame)
+        except Exception:  # a boundary on the decode thread: the result goes out as decoded, counted
+            self.errors += 1
+            if self.errors <= 3 or self.errors % 100 == 0:
+                logger.exception(
+                    "%s: tracking/zones failed on frame %d (%d so far)", r.camera, r.meta.frame, self.errors
+                )
+            return r, [], scene.publish_frames
         return out, (events if scene.publish_events else []), scene.publish_frames
 
     def close(self) -> list[dict[str, Any]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 
 import numpy as np
+import pydantic
+import pytest
 
 from edged.daemon.capture import FrameMeta
 from edged.daemon.config import CameraConfig, CameraDetectionConfig, DetectionConfig, TrackingConfig, ZoneConfig
@@ -154,3 +156,17 @@ def test_snapshot_in_appeared_and_ended() -> None:
     assert jpg[:2] == b"\xff\xd8" and len(jpg) <= 8 * 1024
     (ended,) = scenes.close()
     assert ended["type"] == "object_ended" and ended["snapshot"] == events[0]["snapshot"]
+
+
+def test_camera_detection_config_errors() -> None:
+    bad = [
+        {"zones": [{"name": "z", "points": [(0, 0), (2, 0), (1, 1)], "normalized": True}]},  # over 1
+        {"zones": [{"name": "z", "points": [(0, 0), (1, 0)]}]},  # two points
+        {"zones": [{"name": "z", "points": [(0, 0), (1, 0), (1, 1)]}] * 2},  # the same name twice
+        {"publish": "events", "tracking": {"enabled": False}},
+        {"publish": "all"},
+        {"tracking": {"max_age": -1}},
+    ]
+    for doc in bad:
+        with pytest.raises(pydantic.ValidationError):
+            CameraDetectionConfig.model_validate(doc)
