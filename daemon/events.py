@@ -135,7 +135,7 @@ class Scene:
         x = track.extra
         new = "appeared" not in x
         x["last_seen"] = r.meta.captured_at
-        if det.score >= float(x.get("crop_score", -1.0)) and frame is not None and self.publish_events:
+        if det.score > float(x.get("crop_score", -1.0)) and frame is not None and self.publish_events:
             x["crop"] = self._crop(frame, det.box)
             x["crop_score"] = det.score
         if new:
