@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 
+import jsonschema
 import numpy as np
 import pydantic
 import pytest
@@ -16,6 +17,7 @@ from edged.daemon.inference import Result
 from edged.daemon.preprocess import Transform
 from edged.daemon.tracker import Tracker
 from edged.daemon.zones import Polygons, anchor_point, inside
+from edged.protocol import EVENT_SCHEMA, schema
 
 
 def box(cx: float, cy: float, s: float = 40.0) -> tuple[float, float, float, float]:
@@ -170,3 +172,20 @@ def test_camera_detection_config_errors() -> None:
     for doc in bad:
         with pytest.raises(pydantic.ValidationError):
             CameraDetectionConfig.model_validate(doc)
+
+
+def test_object_events_fit_the_shipped_event_schema() -> None:
+    own = CameraDetectionConfig(tracking={"min_hits": 1}, publish="events")
+    frame = np.zeros((480, 640, 3), np.uint8)
+    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda _: frame)
+    _, events, _ = scenes.process(result(0, [det("face", 0.9, (10, 10, 200, 200))]))
+    events += scenes.close()
+    head = {"schema": EVENT_SCHEMA, "device": "d", "boot_id": "0" * 32, "ts": "2026-11-30T16:00:00.000Z"}
+    check = jsonschema.Draft202012Validator(schema(EVENT_SCHEMA))
+    for e in events:
+        check.validate({**head, **e})
+    broken = {**head, **events[0]}
+    del broken["track_id"]
+    assert not check.is_valid(broken)
+    assert not check.is_valid({**head, **events[0], "type": "object_entered"})  # no zone
+    assert check.is_valid({**head, "type": "throttle", "from": "normal", "to": "warm"})  # others as before
