@@ -34,6 +34,7 @@ TOLERANCE_S = 0.5
 # a polygon drawn on the demo frame (960x540, normalised): the right part, its left edge slanted
 ZONE = [(0.55, 0.0), (1.0, 0.0), (1.0, 1.0), (0.5, 1.0)]
 OBJECT_TYPES = ("object_appeared", "object_entered", "object_left", "object_ended")
+pytestmark = pytest.mark.slow  # three daemon runs of the 20 s video in real time
 
 
 def appearances(truth: list[dict[str, Any]]) -> list[dict[int, list[float]]]:
