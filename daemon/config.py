@@ -239,6 +239,13 @@ class TrackingConfig(_Strict):
     max_age: int = Field(15, ge=0, le=10_000, description="frames a track survives without a detection")
 
 
+class MotionConfig(_Strict):
+    pixel_threshold: float = Field(0.1, gt=0, le=1, description="a pixel moved: its grey level changed by this (0-1)")
+    min_area: float = Field(0.002, ge=0, le=1, description="a frame shows motion: this share of its pixels moved")
+    keepalive_s: float = Field(10.0, gt=0, le=3600, description="infer at least this often while nothing moves")
+    hold_s: float = Field(1.0, ge=0, le=600, description="keep inferring this long after the last motion")
+
+
 class CameraDetectionConfig(_Strict):
     score_threshold: float | None = Field(None, ge=0.0, le=1.0, description="minimum score; null: detection's")
     labels: list[str] | None = Field(None, description="keep only these labels; null: detection's")
@@ -252,6 +259,9 @@ class CameraDetectionConfig(_Strict):
     tracking: TrackingConfig = Field(TrackingConfig(), description="the multi-object tracker")
     publish: Literal["frames", "events", "both"] = Field(
         "frames", description="what goes out: every frame's result, object events (…/events), or both"
+    )
+    motion: MotionConfig | None = Field(
+        None, description="infer only while something moves (plus a keep-alive); null: every frame"
     )
     snapshot_kb: int = Field(
         32, ge=0, le=200, description="the best crop in appeared/ended events, a JPEG of at most this; 0: none"

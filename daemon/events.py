@@ -80,6 +80,10 @@ class Scene:
         self.publish_frames = d.publish in ("frames", "both")
         self.publish_events = d.publish in ("events", "both")
         self.events = 0
+        # a motion-gated camera's tracks age by inferred frames (a skipped frame is one where nothing
+        # moved: a still object is still there); others by the frame index, so dropped frames count
+        self.gated = d.motion is not None
+        self._tick = 0
 
     def _keep(self, det: Detection, w: int, h: int) -> bool:
         if det.score < self.floor or (self.labels and det.label not in self.labels):
@@ -99,9 +103,14 @@ class Scene:
             if self.zones:
                 out = [self._with_zones(d, w, h) for d in out]
             return dataclasses.replace(r, detections=out), events
-        up = self.tracker.update([(d.label, d.score, d.box) for d in dets], r.meta.frame)
+        self._tick += 1
+        up = self.tracker.update([(d.label, d.score, d.box) for d in dets], self._tick if self.gated else r.meta.frame)
         for new in up.confirmed:
-            new.extra.update(first_seen=new.extra.get("first_seen", r.meta.captured_at), zones=[])
+            new.extra.update(
+                first_seen=new.extra.get("first_seen", r.meta.captured_at),
+                first_frame=new.extra.get("first_frame", r.meta.frame),
+                zones=[],
+            )
         out = []
         for det, track in zip(dets, up.tracks, strict=True):
             if det.score < self.score and track is None:
@@ -115,6 +124,7 @@ class Scene:
         for tentative in self.tracker.tracks:
             if not tentative.confirmed:
                 tentative.extra.setdefault("first_seen", r.meta.captured_at)
+                tentative.extra.setdefault("first_frame", r.meta.frame)
         for gone in up.ended:
             events.extend(self._ended(gone))
         out.sort(key=lambda d: -d.score)
@@ -135,6 +145,7 @@ class Scene:
         x = track.extra
         new = "appeared" not in x
         x["last_seen"] = r.meta.captured_at
+        x["last_frame"] = r.meta.frame
         if det.score > float(x.get("crop_score", -1.0)) and frame is not None and self.publish_events:
             x["crop"] = self._crop(frame, det.box)
             x["crop_score"] = det.score
@@ -186,8 +197,8 @@ class Scene:
             "label": track.label,
             "first_seen": iso(first),
             "last_seen": iso(last),
-            "first_frame": track.first_frame,
-            "last_frame": track.last_frame,
+            "first_frame": int(x.get("first_frame", 0)),
+            "last_frame": int(x.get("last_frame", x.get("first_frame", 0))),
             "dwell_s": round(max(0.0, last - first), 3),
             "best_score": round(track.best_score, 4),
             "box": [round(v, 1) for v in track.box],
