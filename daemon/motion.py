@@ -2,8 +2,9 @@
 
 The gate looks at the frame as the model gets it (the preprocessed row, already small), reduced to grey
 and to at most 64 px wide, its range stretched to 0-1: a pixel moved when it differs from the previous
-frame's by more than `pixel_threshold`, and the frame shows motion when more than `min_area` of its
-pixels moved. A frame is inferred when it shows motion, for `hold_s` after the last one that did (so
+frames' by more than `pixel_threshold`, and the frame shows motion when more than `min_area` of its
+pixels moved. "Previous" is a running average of the frames (the background), so a slow object still
+shows and one that stops fades into the background within a few dozen frames. A frame is inferred when it shows motion, for `hold_s` after the last one that did (so
 an object that stops is still seen, and its track can end), and every `keepalive_s` regardless (so a
 still object stays known). Frames skipped are counted per camera (telemetry: `cameras.<name>.skipped`).
 """
@@ -16,6 +17,7 @@ import numpy as np
 from .config import MotionConfig
 
 WIDTH = 64
+BACKGROUND_ALPHA = 0.1  # how fast the background takes in a change, per frame
 
 
 def small_grey(row: np.ndarray) -> np.ndarray:
@@ -41,10 +43,12 @@ class MotionGate:
 
     def moved(self, row: np.ndarray) -> bool:
         cur = small_grey(row)
-        prev, self._prev = self._prev, cur
-        if prev is None or prev.shape != cur.shape:
+        bg = self._prev
+        if bg is None or bg.shape != cur.shape:
+            self._prev = cur
             return True
-        changed = float(np.count_nonzero(np.abs(cur - prev) > self.cfg.pixel_threshold)) / cur.size
+        changed = float(np.count_nonzero(np.abs(cur - bg) > self.cfg.pixel_threshold)) / cur.size
+        bg += BACKGROUND_ALPHA * (cur - bg)  # a running average: a slow object stands out, a still one fades in
         return changed > self.cfg.min_area
 
     def wants(self, row: np.ndarray, now: float) -> bool:
