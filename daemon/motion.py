@@ -4,9 +4,10 @@ The gate looks at the frame as the model gets it (the preprocessed row, already 
 and to at most 64 px wide, its range stretched to 0-1: a pixel moved when it differs from the previous
 frames' by more than `pixel_threshold`, and the frame shows motion when more than `min_area` of its
 pixels moved. "Previous" is a running average of the frames (the background), so a slow object still
-shows and one that stops fades into the background within a few dozen frames. A frame is inferred when it shows motion, for `hold_s` after the last one that did (so
-an object that stops is still seen, and its track can end), and every `keepalive_s` regardless (so a
-still object stays known). Frames skipped are counted per camera (telemetry: `cameras.<name>.skipped`).
+shows and one that stops fades into the background within a few dozen frames. A frame is inferred
+when it shows motion, for `hold_s` after the last one that did (so an object that stops is still seen,
+and its track can end), and every `keepalive_s` regardless (so a still object stays known). Frames
+skipped are counted per camera (telemetry: `cameras.<name>.skipped`).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def still_video(demo: DemoAssets, path: Path, appear: int, n: int) -> list[float
     truth = {f["frame"]: f["faces"] for f in json.loads(demo.ground_truth.read_text())["frames"]}
     x1, y1, x2, y2 = (round(v) for v in truth[100][0])
     bg = frames[10]
-    out = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), FPS, (bg.shape[1], bg.shape[0]))
+    out = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), FPS, (bg.shape[1], bg.shape[0]))
     with_face = bg.copy()
     with_face[y1:y2, x1:x2] = frames[100][y1:y2, x1:x2]
     for k in range(n):
