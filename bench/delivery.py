@@ -44,7 +44,7 @@ from edged.daemon.publish import Publisher
 from edged.daemon.spool import Spool
 
 DOC = {
-    "schema": "edged.result/1",
+    "schema": "edged.result/2",
     "device": "bench-01",
     "camera": "dock",
     "boot_id": "0" * 32,

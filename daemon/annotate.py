@@ -14,7 +14,7 @@ from edged.errors import Code, CommandError
 
 
 def draw(frame: np.ndarray, detections: Iterable[dict[str, Any]]) -> np.ndarray:
-    """A copy of `frame` with each detection's box and `label score` (detections as in edged.result/1)."""
+    """A copy of `frame` with each detection's box and `label score` (detections as in edged.result/2)."""
     out: np.ndarray = frame.copy()
     for d in detections:
         x1, y1, x2, y2 = (round(v) for v in d["box"])

@@ -34,7 +34,7 @@ from .capture import Camera, Throttle, join_all
 from .commands import Commands
 from .config import Config
 from .control import Control
-from .decoders import DecodeOptions
+from .events import Scenes, decode_options
 from .governor import Governor
 from .inference import ActiveModel, InferenceLoop, Result
 from .loader import ModelLoader
@@ -99,12 +99,13 @@ class Daemon:
         opened = self.loader.open(self.store, backend)
         spec = opened.package.manifest.input
         self.backend_name = opened.backend.name
-        d = cfg.detection
-        opts = DecodeOptions(d.score_threshold, d.iou_threshold, d.max_detections, frozenset(d.labels))
+        opts = decode_options(cfg.detection, cfg.cameras)
         self.throttle = Throttle()
         self.cameras = [
             Camera(c, Preprocessor(spec), self.cond, self.stop_event, throttle=self.throttle) for c in cfg.cameras
         ]
+        by_name = {c.name: c for c in self.cameras}
+        self.scenes = Scenes(cfg.detection, cfg.cameras, lambda name: by_name[name].last_frame)
         self.commands = Commands(cfg.topic_root, self._reply)
         m = opened.package.manifest
         self.loop = InferenceLoop(
@@ -212,9 +213,13 @@ class Daemon:
         return {"model": {"name": m.name, "version": m.version}, "groups": list(self.cfg.groups)}
 
     def _on_result(self, r: Result) -> None:
+        r, events, frames = self.scenes.process(r)  # per-camera settings, tracks, zones, object events
+        for ev in events:
+            self._event(ev)
         self.telemetry.record(r)
         self.control.record(r)
-        self.publisher.submit(r)
+        if frames:
+            self.publisher.submit(r)
 
     def _event(self, doc: dict[str, Any]) -> None:
         event = {
@@ -385,6 +390,8 @@ class Daemon:
             self.governor.stop()
         join_all(self.cameras, 5.0)  # in parallel: several hung sources cost one bound, not one each
         self.loop.join(10.0)
+        for ev in self.scenes.close():  # the tracks still alive end with the cameras
+            self._event(ev)
         try:
             self.publisher.publish_json(topics.TELEMETRY, self.telemetry.document(), qos=0, retain=True)
         finally:

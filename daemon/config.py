@@ -210,6 +210,79 @@ class ModelConfig(_Strict):
         return self
 
 
+class ZoneConfig(_Strict):
+    name: str = Field(description="the zone's name, as events and results give it")
+    points: list[tuple[float, float]] = Field(
+        min_length=3, description="the polygon's corners [x, y], in source pixels or, with normalized, 0-1"
+    )
+    normalized: bool = Field(False, description="points are fractions (0-1) of the frame's width and height")
+
+    @model_validator(mode="after")
+    def _coordinates(self) -> ZoneConfig:
+        if self.normalized and any(not (0.0 <= v <= 1.0) for p in self.points for v in p):
+            raise ValueError(f"{self.name}: normalized points must lie in 0-1")
+        if any(v < 0 for p in self.points for v in p):
+            raise ValueError(f"{self.name}: points must not be negative")
+        return self
+
+
+class TrackingConfig(_Strict):
+    enabled: bool = Field(True, description="give each detection a track_id (a tracker per camera)")
+    iou_threshold: float = Field(0.3, gt=0.0, le=1.0, description="a detection continues a track at this IoU")
+    low_score_threshold: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="ByteTrack's second stage: detections down to this score continue tracks (never start one, "
+        "never published); null: off",
+    )
+    min_hits: int = Field(3, ge=1, le=100, description="frames a new track needs before it counts (and appears)")
+    max_age: int = Field(15, ge=0, le=10_000, description="frames a track survives without a detection")
+
+
+class MotionConfig(_Strict):
+    pixel_threshold: float = Field(0.1, gt=0, le=1, description="a pixel moved: its grey level changed by this (0-1)")
+    min_area: float = Field(0.002, ge=0, le=1, description="a frame shows motion: this share of its pixels moved")
+    keepalive_s: float = Field(10.0, gt=0, le=3600, description="infer at least this often while nothing moves")
+    hold_s: float = Field(1.0, ge=0, le=600, description="keep inferring this long after the last motion")
+
+
+class CameraDetectionConfig(_Strict):
+    score_threshold: float | None = Field(None, ge=0.0, le=1.0, description="minimum score; null: detection's")
+    labels: list[str] | None = Field(None, description="keep only these labels; null: detection's")
+    max_detections: int | None = Field(None, ge=1, le=10_000, description="per frame; null: detection's")
+    min_box_px: float = Field(0.0, ge=0, description="smallest box side kept, in source pixels")
+    anchor: Literal["center", "bottom"] = Field(
+        "center", description="the point of a box that zones and masks test: its center or bottom middle"
+    )
+    zones: list[ZoneConfig] = Field([], description="named areas; events say when a track enters or leaves one")
+    masks: list[ZoneConfig] = Field([], description="areas ignored: a detection anchored in one is dropped")
+    tracking: TrackingConfig = Field(TrackingConfig(), description="the multi-object tracker")
+    publish: Literal["frames", "events", "both"] = Field(
+        "frames", description="what goes out: every frame's result, object events (…/events), or both"
+    )
+    motion: MotionConfig | None = Field(
+        None, description="infer only while something moves (plus a keep-alive); null: every frame"
+    )
+    snapshot_kb: int = Field(
+        32, ge=0, le=200, description="the best crop in appeared/ended events, a JPEG of at most this; 0: none"
+    )
+
+    @field_validator("zones")
+    @classmethod
+    def _unique(cls, v: list[ZoneConfig]) -> list[ZoneConfig]:
+        names = [z.name for z in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"zone names must be unique, got {names}")
+        return v
+
+    @model_validator(mode="after")
+    def _events_need_tracks(self) -> CameraDetectionConfig:
+        if self.publish != "frames" and not self.tracking.enabled:
+            raise ValueError(f"publish: {self.publish} needs tracking (object events are about tracks)")
+        return self
+
+
 class CameraConfig(_Strict):
     name: str = Field(description="unique; a topic level (letters, digits, '_', '.', '-')")
     uri: str = Field(
@@ -222,6 +295,9 @@ class CameraConfig(_Strict):
     )
     fps_max: float = Field(15.0, gt=0, le=240, description="frames per second taken at most")
     loop: bool = Field(False, description="file://: start again at the end")
+    detection: CameraDetectionConfig | None = Field(
+        None, description="this camera's detection settings, zones, masks, tracking and publishing"
+    )
     realtime: bool = Field(
         True, description="file://: play at the file's frame rate; false: as fast as inference takes frames"
     )

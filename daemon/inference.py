@@ -29,6 +29,7 @@ from edged.models.package import InputSpec
 from .backends import Backend
 from .capture import Camera, FrameMeta
 from .decoders import DecodeOptions, Decoder, Detection
+from .motion import MotionGate
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +175,12 @@ class InferenceLoop:
         self._decode_q: queue.Queue[_Batch | None] = queue.Queue(maxsize=2)
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._decoder_thread = threading.Thread(target=self._decode_loop, name="decode", daemon=True)
+        # motion-gated cameras (their detection.motion): a frame where nothing moves is skipped, counted
+        self.gates: dict[str, MotionGate] = {}
+        for c in self.cameras:
+            own = getattr(getattr(c, "cfg", None), "detection", None)
+            if own is not None and own.motion is not None:
+                self.gates[c.name] = MotionGate(own.motion)
 
     @property
     def backend(self) -> Backend | None:
@@ -283,7 +290,27 @@ class InferenceLoop:
             self._take_flip()  # a swap waiting on this thread is answered, not left hanging
             self._decode_q.put(None)  # the decode thread finishes what is queued, then ends
 
+    def _gate(self, taken: list[tuple[Camera, int, FrameMeta]]) -> list[tuple[Camera, int, FrameMeta]]:
+        """The frames the motion gates let through; the others are released (skipped, counted)."""
+        kept, skipped = [], []
+        for cam, idx, meta in taken:
+            gate = self.gates.get(cam.name)
+            if gate is None or gate.wants(cam.rows[idx], meta.captured_mono):
+                kept.append((cam, idx, meta))
+            else:
+                skipped.append((cam, idx))
+        if skipped:
+            with self.cond:
+                for cam, idx in skipped:
+                    cam.release_locked(idx)
+        return kept
+
     def _run_batch(self, taken: list[tuple[Camera, int, FrameMeta]], model: ActiveModel) -> None:
+        if self.gates:
+            taken = self._gate(taken)
+            if not taken:
+                self.stats.last_progress = time.monotonic()
+                return
         for i, (cam, idx, _) in enumerate(taken):
             np.copyto(self.batch[i], cam.rows[idx])
         with self.cond:

@@ -117,6 +117,8 @@ class Telemetry:
                 "errors": s.errors,
                 "capture_to_result_ms": self.cam_latency[c.name].percentiles(),
             }
+            if c.name in self.loop.gates:  # motion-gated: frames skipped while nothing moved
+                cams[c.name]["skipped"] = self.loop.gates[c.name].skipped
             if s.last_error:
                 cams[c.name]["last_error"] = s.last_error
         self._last = (now, st.rows, {c.name: c.stats.frames for c in self.cameras})

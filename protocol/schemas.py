@@ -14,7 +14,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-RESULT_SCHEMA = "edged.result/1"
+RESULT_SCHEMA = "edged.result/2"  # /2: detections gain track_id and zones
+RESULT_SCHEMA_V1 = "edged.result/1"  # what devices before /2 send; its file is kept
 EVENT_SCHEMA = "edged.event/1"
 TELEMETRY_SCHEMA = "edged.telemetry/1"
 REPLY_SCHEMA = "edged.reply/1"
@@ -28,7 +29,8 @@ OTA_CHUNK_HEADER_SCHEMA = "edged.ota_chunk/1"  # an ota/data chunk's header; lik
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 # schema id -> its file in SCHEMA_DIR
 FILES = {
-    RESULT_SCHEMA: "result.schema.json",
+    RESULT_SCHEMA: "result2.schema.json",
+    RESULT_SCHEMA_V1: "result.schema.json",
     EVENT_SCHEMA: "event.schema.json",
     TELEMETRY_SCHEMA: "telemetry.schema.json",
     REPLY_SCHEMA: "reply.schema.json",
@@ -78,7 +80,7 @@ def result_doc(
     image: tuple[int, int],
     detections: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """An ``edged.result/1`` document: every detection of one frame of one camera (`image` is (width, height))."""
+    """An ``edged.result/2`` document: every detection of one frame of one camera (`image` is (width, height))."""
     return {
         "schema": RESULT_SCHEMA,
         "device": device,

@@ -4,8 +4,8 @@ A device's topics live under its root, ``<topic_prefix>/<device_id>`` (default `
 
     topic                               dir  QoS  retained  payload (schema id)
     …/status                            out  1    yes       edged.status/1; ``offline`` is the last will
-    …/results/<camera>                  out  1*   no        edged.result/1 (*mqtt.qos)
-    …/events                            out  1    no        edged.event/1
+    …/results/<camera>                  out  1*   no        edged.result/2 (*mqtt.qos)
+    …/events                            out  1    no        edged.event/1 (object events too)
     …/telemetry                         out  0    yes       edged.telemetry/1
     …/model/state                       out  1    yes       edged.model-state/1
     …/snapshot/<camera>                 out  0    no        a JPEG

@@ -21,14 +21,21 @@ class Detection:
     class_id: int
     score: float
     box: tuple[float, float, float, float]  # x1, y1, x2, y2 in source pixels
+    track_id: int | None = None  # the camera's tracker (daemon/events.py), once the track is confirmed
+    zones: tuple[str, ...] = ()  # the camera's zones the box's anchor point is in
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "label": self.label,
             "class_id": self.class_id,
             "score": round(self.score, 4),
             "box": [round(v, 1) for v in self.box],
         }
+        if self.track_id is not None:
+            doc["track_id"] = self.track_id
+        if self.zones:
+            doc["zones"] = list(self.zones)
+        return doc
 
 
 @dataclass(frozen=True)

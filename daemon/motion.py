@@ -1,0 +1,64 @@
+"""Motion-gated inference: a camera's frame is inferred only while something moves, plus a keep-alive.
+
+The gate looks at the frame as the model gets it (the preprocessed row, already small), reduced to grey
+and to at most 64 px wide, its range stretched to 0-1: a pixel moved when it differs from the previous
+frames' by more than `pixel_threshold`, and the frame shows motion when more than `min_area` of its
+pixels moved. "Previous" is a running average of the frames (the background), so a slow object still
+shows and one that stops fades into the background within a few dozen frames. A frame is inferred
+when it shows motion, for `hold_s` after the last one that did (so an object that stops is still seen,
+and its track can end), and every `keepalive_s` regardless (so a still object stays known). Frames
+skipped are counted per camera (telemetry: `cameras.<name>.skipped`).
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from .config import MotionConfig
+
+WIDTH = 64
+BACKGROUND_ALPHA = 0.1  # how fast the background takes in a change, per frame
+
+
+def small_grey(row: np.ndarray) -> np.ndarray:
+    """A model-input row ([C, H, W] or [H, W, C], any dtype) as a grey image at most WIDTH wide, in 0-1."""
+    a = np.asarray(row, np.float32)
+    if a.ndim == 3:
+        a = a.mean(axis=0) if a.shape[0] in (1, 3, 4) and a.shape[-1] not in (1, 3, 4) else a.mean(axis=-1)
+    h, w = a.shape[:2]
+    if w > WIDTH:
+        a = np.asarray(cv2.resize(a, (WIDTH, max(1, round(h * WIDTH / w))), interpolation=cv2.INTER_AREA), np.float32)
+    lo, hi = float(a.min()), float(a.max())
+    return (a - lo) / (hi - lo) if hi - lo > 1e-6 else np.zeros_like(a)
+
+
+class MotionGate:
+    def __init__(self, cfg: MotionConfig) -> None:
+        self.cfg = cfg
+        self._prev: np.ndarray | None = None
+        self._active_until = -1.0
+        self._last_inferred = -1e18
+        self.skipped = 0
+        self.motion_frames = 0
+
+    def moved(self, row: np.ndarray) -> bool:
+        cur = small_grey(row)
+        bg = self._prev
+        if bg is None or bg.shape != cur.shape:
+            self._prev = cur
+            return True
+        changed = float(np.count_nonzero(np.abs(cur - bg) > self.cfg.pixel_threshold)) / cur.size
+        bg += BACKGROUND_ALPHA * (cur - bg)  # a running average: a slow object stands out, a still one fades in
+        return changed > self.cfg.min_area
+
+    def wants(self, row: np.ndarray, now: float) -> bool:
+        """Whether to infer this frame (`now`: monotonic seconds); a frame not wanted is counted skipped."""
+        if self.moved(row):
+            self.motion_frames += 1
+            self._active_until = now + self.cfg.hold_s
+        if now <= self._active_until or now - self._last_inferred >= self.cfg.keepalive_s:
+            self._last_inferred = now
+            return True
+        self.skipped += 1
+        return False

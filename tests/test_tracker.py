@@ -1,0 +1,191 @@
+"""The tracker on synthetic boxes (crossing objects, a missed frame), zones, and a camera's Scene."""
+
+from __future__ import annotations
+
+import base64
+
+import jsonschema
+import numpy as np
+import pydantic
+import pytest
+
+from edged.daemon.capture import FrameMeta
+from edged.daemon.config import CameraConfig, CameraDetectionConfig, DetectionConfig, TrackingConfig, ZoneConfig
+from edged.daemon.decoders import Detection
+from edged.daemon.events import Scene, Scenes, decode_options
+from edged.daemon.inference import Result
+from edged.daemon.preprocess import Transform
+from edged.daemon.tracker import Tracker
+from edged.daemon.zones import Polygons, anchor_point, inside
+from edged.protocol import EVENT_SCHEMA, schema
+
+
+def box(cx: float, cy: float, s: float = 40.0) -> tuple[float, float, float, float]:
+    return (cx - s / 2, cy - s / 2, cx + s / 2, cy + s / 2)
+
+
+def test_crossing_objects_keep_their_ids_through_a_missed_frame() -> None:
+    t = Tracker(TrackingConfig(min_hits=2, max_age=5), high_score=0.5)
+    ids: dict[str, set[int]] = {"a": set(), "b": set()}
+    for f in range(40):
+        # a goes right, b goes left on a slightly lower line: they cross around frame 20
+        dets = [("face", 0.9, box(100 + 10 * f, 200)), ("face", 0.8, box(500 - 10 * f, 215))]
+        if f == 12:
+            dets = dets[1:]  # a missed on one frame
+        up = t.update(dets, f)
+        for (_, _, b), tr in zip(dets, up.tracks, strict=True):
+            if tr is not None:
+                ids["a" if abs(b[1] - 180) < 1 else "b"].add(tr.id)
+    assert ids == {"a": {1}, "b": {2}}, ids
+    assert all(tr.confirmed for tr in t.tracks) and len(t.tracks) == 2
+
+
+def test_a_track_ends_after_max_age_and_a_tentative_one_is_forgotten() -> None:
+    t = Tracker(TrackingConfig(min_hits=3, max_age=3), high_score=0.5)
+    for f in range(5):
+        up = t.update([("face", 0.9, box(100, 100))], f)
+    assert up.tracks[0] is not None and up.tracks[0].id == 1
+    up = t.update([("face", 0.9, box(400, 400))], 5)  # a newcomer, tentative, far away
+    assert up.tracks == [None] and not up.ended
+    for f in range(6, 8):  # misses 2 and 3 (frame 5 was the first): still alive
+        up = t.update([], f)
+        assert not up.ended
+    assert [tr.id for tr in t.tracks] == [1]  # the tentative newcomer missed a frame: forgotten
+    up = t.update([], 8)  # the 4th miss > max_age 3: ended
+    assert [tr.id for tr in up.ended] == [1] and not t.tracks
+
+
+def test_low_score_detections_continue_a_track_but_never_start_one() -> None:
+    t = Tracker(TrackingConfig(min_hits=1, max_age=2, low_score_threshold=0.1), high_score=0.5)
+    t.update([("face", 0.9, box(100, 100))], 0)
+    up = t.update([("face", 0.2, box(105, 100)), ("face", 0.2, box(400, 400))], 1)
+    assert up.tracks[0] is not None and up.tracks[0].id == 1 and up.tracks[1] is None
+    assert len(t.tracks) == 1
+
+
+def test_labels_do_not_mix() -> None:
+    t = Tracker(TrackingConfig(min_hits=1), high_score=0.5)
+    t.update([("cat", 0.9, box(100, 100))], 0)
+    up = t.update([("dog", 0.9, box(100, 100))], 1)
+    assert up.tracks[0] is not None and up.tracks[0].id == 2
+
+
+def test_zones_in_pixels_and_normalised() -> None:
+    square = [(0.0, 0.0), (100.0, 0.0), (100.0, 100.0), (0.0, 100.0)]
+    assert inside(50, 50, square) and inside(100, 50, square) and not inside(101, 50, square)
+    zones = Polygons([ZoneConfig(name="left", points=[(0, 0), (0.5, 0), (0.5, 1), (0, 1)], normalized=True)])
+    assert zones.containing((100, 100), 960, 540) == ["left"]
+    assert zones.containing((600, 100), 960, 540) == []
+    assert anchor_point((0, 0, 10, 20), "bottom") == (5, 20) and anchor_point((0, 0, 10, 20), "center") == (5, 10)
+
+
+# --- a camera's Scene: its own settings, masks, zones, events ---------------------------------------------
+
+
+def result(frame: int, dets: list[Detection], camera: str = "cam") -> Result:
+    meta = FrameMeta(frame, 1_000_000.0 + frame / 10, float(frame), Transform(1, 1, 0, 0, 640, 480))
+    return Result(camera, meta, dets, 1.0, float(frame), "m", 1)
+
+
+def det(label: str, score: float, b: tuple[float, float, float, float]) -> Detection:
+    return Detection(label, 0, score, b)
+
+
+def test_a_cameras_own_settings_override_the_global_ones() -> None:
+    glob = DetectionConfig(score_threshold=0.7, labels=["face"], max_detections=5)
+    own = CameraDetectionConfig(
+        score_threshold=0.4,
+        labels=["face", "cat"],
+        max_detections=2,
+        min_box_px=10,
+        masks=[{"name": "tv", "points": [(0, 0), (100, 0), (100, 100), (0, 100)]}],
+        tracking={"enabled": False},
+    )
+    cams = [CameraConfig(name="cam", uri="synthetic://", detection=own), CameraConfig(name="b", uri="synthetic://")]
+    opts = decode_options(glob, cams)
+    assert opts.score_threshold == 0.4 and opts.max_detections == 5 and opts.labels == {"face", "cat"}
+    s = Scene("cam", glob, own)
+    dets = [
+        det("face", 0.5, (200, 200, 250, 250)),  # kept: 0.5 >= the camera's 0.4
+        det("face", 0.3, (300, 200, 350, 250)),  # under the camera's threshold
+        det("dog", 0.9, (200, 300, 250, 350)),  # a label the camera does not keep
+        det("cat", 0.9, (400, 300, 405, 350)),  # 5 px wide: under min_box_px
+        det("face", 0.95, (20, 20, 60, 60)),  # its center is in the mask
+        det("cat", 0.6, (400, 100, 450, 150)),
+        det("face", 0.45, (500, 100, 550, 150)),  # the third kept: over max_detections 2
+    ]
+    out, events = s.process(result(0, dets), None)
+    assert [(d.label, d.score) for d in out.detections] == [("cat", 0.6), ("face", 0.5)] and not events
+    other = Scene("b", glob, None)  # no block: the global settings
+    out, _ = other.process(result(0, dets, "b"), None)
+    assert [(d.label, d.score) for d in out.detections] == [("face", 0.95)]
+
+
+def test_scene_events_with_zones_and_a_snapshot() -> None:
+    own = CameraDetectionConfig(
+        zones=[{"name": "door", "points": [(0.5, 0), (1, 0), (1, 1), (0.5, 1)], "normalized": True}],
+        tracking={"min_hits": 2, "max_age": 2},
+        publish="events",
+    )
+    frame = np.full((480, 640, 3), 128, np.uint8)
+    scenes = Scenes(
+        DetectionConfig(score_threshold=0.5),
+        [CameraConfig(name="cam", uri="synthetic://", detection=own)],
+        lambda _: frame,
+    )
+    kinds = []
+    for f in range(12):  # a face walks right across the door's edge (x = 320), then is gone
+        dets = [det("face", 0.9, (250 + 20 * f, 200, 290 + 20 * f, 240))] if f < 8 else []
+        _, events, frames_out = scenes.process(result(f, dets))
+        assert not frames_out  # publish: events
+        kinds += [(e["type"], e.get("zone"), e["last_frame"]) for e in events]
+    kinds += [(e["type"], e.get("zone"), e["last_frame"]) for e in scenes.close()]
+    assert kinds == [
+        ("object_appeared", None, 1),
+        ("object_entered", "door", 3),  # center 330 > 320 on frame 3
+        ("object_left", "door", 7),  # the track ended inside the zone
+        ("object_ended", None, 7),
+    ]
+
+
+def test_snapshot_in_appeared_and_ended() -> None:
+    own = CameraDetectionConfig(tracking={"min_hits": 1}, publish="both", snapshot_kb=8)
+    frame = np.random.default_rng(0).integers(0, 255, (480, 640, 3), np.uint8)
+    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda _: frame)
+    _, events, frames_out = scenes.process(result(0, [det("face", 0.9, (10, 10, 200, 200))]))
+    assert frames_out and events[0]["type"] == "object_appeared"
+    jpg = base64.b64decode(events[0]["snapshot"]["data"])
+    assert jpg[:2] == b"\xff\xd8" and len(jpg) <= 8 * 1024
+    (ended,) = scenes.close()
+    assert ended["type"] == "object_ended" and ended["snapshot"] == events[0]["snapshot"]
+
+
+def test_camera_detection_config_errors() -> None:
+    bad = [
+        {"zones": [{"name": "z", "points": [(0, 0), (2, 0), (1, 1)], "normalized": True}]},  # over 1
+        {"zones": [{"name": "z", "points": [(0, 0), (1, 0)]}]},  # two points
+        {"zones": [{"name": "z", "points": [(0, 0), (1, 0), (1, 1)]}] * 2},  # the same name twice
+        {"publish": "events", "tracking": {"enabled": False}},
+        {"publish": "all"},
+        {"tracking": {"max_age": -1}},
+    ]
+    for doc in bad:
+        with pytest.raises(pydantic.ValidationError):
+            CameraDetectionConfig.model_validate(doc)
+
+
+def test_object_events_fit_the_shipped_event_schema() -> None:
+    own = CameraDetectionConfig(tracking={"min_hits": 1}, publish="events")
+    frame = np.zeros((480, 640, 3), np.uint8)
+    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda _: frame)
+    _, events, _ = scenes.process(result(0, [det("face", 0.9, (10, 10, 200, 200))]))
+    events += scenes.close()
+    head = {"schema": EVENT_SCHEMA, "device": "d", "boot_id": "0" * 32, "ts": "2026-11-30T16:00:00.000Z"}
+    check = jsonschema.Draft202012Validator(schema(EVENT_SCHEMA))
+    for e in events:
+        check.validate({**head, **e})
+    broken = {**head, **events[0]}
+    del broken["track_id"]
+    assert not check.is_valid(broken)
+    assert not check.is_valid({**head, **events[0], "type": "object_entered"})  # no zone
+    assert check.is_valid({**head, "type": "throttle", "from": "normal", "to": "warm"})  # others as before
