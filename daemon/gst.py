@@ -15,6 +15,8 @@ reason, credentials scrubbed, so the camera's ``last_error`` says why.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import re
 import socket
@@ -53,6 +55,7 @@ def _load() -> tuple[Any, Any, str]:
 
 @cache
 def _load_once() -> tuple[Any, Any, str]:
+    _unwind_with_libgcc()
     try:
         with warnings.catch_warnings():  # gi's importer predates exec_module (an ImportWarning on 3.11)
             warnings.simplefilter("ignore", ImportWarning)
@@ -73,6 +76,15 @@ def _load_once() -> tuple[Any, Any, str]:
     if dec is not None:  # decodebin must take the hardware decoder over avdec_*
         dec.set_rank(Gst.Rank.PRIMARY + 100)
     return Gst, GLib, ""
+
+
+def _unwind_with_libgcc() -> None:
+    """Debian's libgstreamer links libunwind, and PyGObject opens it into the global symbol scope, so its
+    `_Unwind_*` would replace libgcc's for every library loaded after it: a C++ exception thrown there
+    (ONNX Runtime refusing a model, OpenCV refusing a frame) then crashes the process with SIGSEGV or an
+    abort instead of raising. libgcc_s made global first keeps the unwinder C++ expects."""
+    with contextlib.suppress(OSError):  # no libgcc_s by that name: nothing to protect here
+        ctypes.CDLL("libgcc_s.so.1", mode=ctypes.RTLD_GLOBAL)
 
 
 def available() -> bool:

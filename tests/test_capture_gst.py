@@ -274,3 +274,32 @@ def test_four_rtsp_cameras_at_once(demo: DemoAssets, servers, rig) -> None:
         c.start()
     wait_until(lambda: all(consumer.count(c.name) >= 30 for c in cams), 60, "30 frames on each of four cameras")
     assert all(c.stats.reconnects == 0 and c.stats.state == "up" for c in cams)
+
+
+def test_a_cpp_exception_after_gstreamer_loads_raises_instead_of_crashing(tmp_path: Path) -> None:
+    """Debian's libgstreamer links libunwind; loaded into the global symbol scope first, it took over C++
+    exception unwinding, and ONNX Runtime refusing a model (or OpenCV refusing a frame) killed the daemon
+    with SIGSEGV/SIGABRT instead of raising: a bad model pushed to a device with GStreamer cameras crashed
+    it instead of being rejected. A fresh process, as the daemon loads things: numpy, GStreamer, then both."""
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"this is not a protobuf")
+    code = (
+        "import sys, numpy as np\n"
+        "from pathlib import Path\n"
+        "from edged.daemon import gst\n"
+        "assert gst.available(), gst.why_unavailable()\n"
+        "from edged.daemon.backends import OnnxRuntimeBackend\n"
+        "from edged.errors import EngineLoadError\n"
+        "import cv2\n"
+        "try:\n"
+        f"    OnnxRuntimeBackend(Path({str(bad)!r}))\n"
+        "except EngineLoadError as e:\n"
+        "    print('refused:', e)\n"
+        "try:\n"
+        "    cv2.resize(np.zeros((0, 0), np.uint8), (0, 0))\n"
+        "except cv2.error:\n"
+        "    print('cv2.error')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert "refused:" in r.stdout and "ONNX Runtime cannot load it" in r.stdout and "cv2.error" in r.stdout
