@@ -230,7 +230,9 @@ def test_the_drop_in_of_step_4_configures_the_broker_the_daemon_reads(tmp_path: 
     env = {"CREDENTIALS_DIRECTORY": "/run/credentials/edged.service"}
     for line in text.splitlines():
         if line.startswith("Environment="):
-            env.update(item.split("=", 1) for item in shlex.split(line.removeprefix("Environment=")))
+            for item in shlex.split(line.removeprefix("Environment=")):
+                key, _, value = item.partition("=")
+                env[key] = value
     assert "${CREDENTIALS_DIRECTORY}" in env["EDGED_MQTT__TLS__KEY_FILE"]  # left for edged to expand
     cfg = load_config(REPO / "deploy" / "edged.yaml", env)
     assert (cfg.mqtt.host, cfg.mqtt.port) == ("broker.test", 8883)

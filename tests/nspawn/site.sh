@@ -1,13 +1,14 @@
 #!/bin/bash
 # Runs INSIDE the throwaway container after e2e.sh, in the same boot (edged installed and stopped):
-# the site as shipped. mosquitto gets systemd/mosquitto/edged.conf and edged.acl verbatim and the
-# certificates `edged certs` made on the host (CA, server, device e2e-01, backend), installed with the
-# commands of docs/operator.md "Broker security"; the device's identity reaches edged through systemd
-# credentials (the shipped unit's commented LoadCredential= lines, uncommented in a drop-in), so edged
-# itself cannot read the key files. Then: results over TLS with the backend identity; `edged push`
-# (the installed one, backend certificate) to a signed v4 that commits; the broker restarted with
-# nothing lost (seq, one boot_id); a revoked device refused. One PASS/FAIL line per check.
-# Payload (read-only at /srv/payload): pki/ (from `edged certs`), mosquitto/edged.conf + edged.acl, v4.tar.
+# the site as shipped. First docs/operator.md "A secured site from zero", its sh blocks verbatim
+# ($P/from-zero.sh, made by tests/nspawn/from_zero.py; step 1's names set to this container's):
+# certificates with the installed `edged certs`, mosquitto with systemd/mosquitto/edged.conf and
+# edged.acl, the device's identity through LoadCredential= (root-only files edged itself cannot read),
+# start, results over TLS with the backend identity. Then: `edged push` (the installed one, backend
+# certificate) to a signed v4 that commits; the broker restarted with nothing lost (seq, one boot_id);
+# a camera's password through the unit's cam_door LoadCredential= line, grepped for in the journal,
+# every retained message and every message heard; a revoked device refused. One PASS/FAIL line per check.
+# Payload (read-only at /srv/payload): from-zero.sh, src/systemd/mosquitto/, v4.tar.
 set -u
 U=edged.service
 fail=0
