@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from edged.daemon.config import load_config
+from tests.nspawn import from_zero
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -177,3 +181,87 @@ def test_the_example_config_shows_every_key_with_the_codes_default() -> None:
             differ.append(f"{path}: example {node!r}, code {default!r}")
     assert not missing, f"keys missing from the example: {missing}"
     assert not differ, differ
+
+
+# docs/operator.md "A secured site from zero": tests/test_nspawn.py runs these blocks verbatim in a
+# container under a real systemd (minutes, root only); these checks fail fast when an edit breaks the list
+
+
+def _from_zero() -> list[from_zero.Step]:
+    return from_zero.steps((REPO / "docs" / "operator.md").read_text(encoding="utf-8"))
+
+
+def test_the_secured_site_from_zero_has_its_six_steps() -> None:
+    steps = _from_zero()
+    assert [s.title for s in steps] == [
+        "Name the site",
+        "On the admin machine, make the site's certificates",
+        "On the broker host",
+        "On the device",
+        "Start the daemon",
+        "Check from the admin machine, with the backend's certificate",
+    ]
+    _, certs, broker, device, start, check = (s.code for s in steps)
+    assert from_zero.names(steps[0]) == ["BROKER", "BROKER_IP", "DEVICE", "SRC"]  # what test_nspawn.py sets
+    for verb in ("ca", "server", "backend", "device", "status"):
+        assert f"edged certs {verb} " in certs, verb
+    for line in ('mosquitto/edged.conf" /etc/mosquitto/conf.d/', 'mosquitto/edged.acl" /etc/mosquitto/'):
+        assert line in broker, line
+    assert "install -m 0640 -g mosquitto pki/server.key" in broker and "systemctl restart mosquitto" in broker
+    assert "systemctl restart edged" in start
+    assert "mosquitto_sub" in check
+    assert "-p 8883 --cafile pki/ca.crt --cert pki/backend.crt --key pki/backend.key" in check
+    # the drop-in's credentials are the unit's commented lines, every one of them
+    unit = (REPO / "systemd" / "edged.service").read_text(encoding="utf-8")
+    commented = re.findall(r"^#(LoadCredential=tls_.*)$", unit, re.M)
+    assert len(commented) == 3
+    assert re.findall(r"^(LoadCredential=.*)$", device, re.M) == commented
+
+
+def test_the_drop_in_of_step_4_configures_the_broker_the_daemon_reads(tmp_path: Path) -> None:
+    """Step 4's heredoc, expanded by bash as on the device, read as systemd reads Environment= (no
+    expansion), then applied to the config install.sh writes: the broker and credential paths land."""
+    device = _from_zero()[3].code
+    heredoc = re.search(r"^cat > \S+ <<EOF\n(.*?^EOF\n)", device, re.S | re.M)
+    assert heredoc is not None
+    text = subprocess.run(
+        ["bash", "-c", f"BROKER=broker.test\ncat <<EOF\n{heredoc.group(1)}"], capture_output=True, text=True, check=True
+    ).stdout
+    env = {"CREDENTIALS_DIRECTORY": "/run/credentials/edged.service"}
+    for line in text.splitlines():
+        if line.startswith("Environment="):
+            for item in shlex.split(line.removeprefix("Environment=")):
+                key, _, value = item.partition("=")
+                env[key] = value
+    assert "${CREDENTIALS_DIRECTORY}" in env["EDGED_MQTT__TLS__KEY_FILE"]  # left for edged to expand
+    cfg = load_config(REPO / "deploy" / "edged.yaml", env)
+    assert (cfg.mqtt.host, cfg.mqtt.port) == ("broker.test", 8883)
+    assert cfg.mqtt.tls is not None
+    creds = Path("/run/credentials/edged.service")
+    assert (cfg.mqtt.tls.ca_file, cfg.mqtt.tls.cert_file, cfg.mqtt.tls.key_file) == (
+        creds / "tls_ca.crt",
+        creds / "tls_device.crt",
+        creds / "tls_device.key",
+    )
+
+
+def test_the_from_zero_script_runs_every_block_verbatim_and_parses() -> None:
+    doc = (REPO / "docs" / "operator.md").read_text(encoding="utf-8")
+    script = from_zero.script(doc, {"BROKER": "localhost", "DEVICE": "e2e-01"})
+    assert all(step.code in script for step in _from_zero())
+    assert "\nBROKER=localhost\nDEVICE=e2e-01\n" in script  # after step 1's own values
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    with pytest.raises(ValueError, match=r"step 1 does not name \['CAMERA'\]"):
+        from_zero.script(doc, {"CAMERA": "x"})
+
+
+def test_the_extractor_refuses_a_broken_list() -> None:
+    doc = (REPO / "docs" / "operator.md").read_text(encoding="utf-8")
+    with pytest.raises(ValueError, match="no heading"):
+        from_zero.steps(doc.replace(from_zero.HEADING, "## A site"))
+    block = "   ```sh\n   systemctl restart edged\n   systemctl is-active edged\n   ```\n"
+    assert block in doc
+    with pytest.raises(ValueError, match="step 5 has 0 sh blocks"):
+        from_zero.steps(doc.replace(block, ""))
+    with pytest.raises(ValueError, match=r"steps numbered \[1, 2, 3, 4, 6, 6\]"):
+        from_zero.steps(doc.replace("5. Start the daemon", "6. Start the daemon"))
