@@ -121,3 +121,14 @@ def output_name(params: dict[str, Any], key: str, default: str | None, shapes: d
 def sigmoid(x: np.ndarray) -> np.ndarray:
     out: np.ndarray = 1.0 / (1.0 + np.exp(-np.clip(x, -80, 80)))
     return out
+
+
+def objectness_candidates(pred: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows [x, y, w, h, objectness, class scores...] (YOLOv5, YOLOX): the rows whose objectness x best
+    class score passes `threshold`, as (row indices, classes, scores)."""
+    cand = np.flatnonzero(pred[:, 4] > threshold)  # obj x cls <= obj: a cheap first cut
+    conf = pred[cand, 5:] * pred[cand, 4:5]
+    classes = conf.argmax(axis=1)
+    scores = conf[np.arange(len(cand)), classes]
+    keep = scores > threshold
+    return cand[keep], classes[keep], scores[keep]

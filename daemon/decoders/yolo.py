@@ -14,7 +14,7 @@ from edged.errors import DecoderError
 from edged.models.package import DecoderSpec, InputSpec
 
 from ..preprocess import Transform
-from .base import DecodeOptions, Detection, detections, nms, output_name, xywh_to_xyxy
+from .base import DecodeOptions, Detection, detections, nms, objectness_candidates, output_name, xywh_to_xyxy
 
 
 class YoloV8:
@@ -80,12 +80,7 @@ class YoloV5:
         results: list[list[Detection]] = []
         for row, tf in enumerate(transforms):
             pred = out[row]
-            cand = np.flatnonzero(pred[:, 4] > opts.score_threshold)  # obj x cls <= obj: a cheap first cut
-            conf = pred[cand, 5:] * pred[cand, 4:5]
-            classes = conf.argmax(axis=1)
-            scores = conf[np.arange(len(cand)), classes]
-            keep_thr = scores > opts.score_threshold
-            idx, classes, scores = cand[keep_thr], classes[keep_thr], scores[keep_thr]
+            idx, classes, scores = objectness_candidates(pred, opts.score_threshold)
             boxes = xywh_to_xyxy(pred[idx, :4])
             keep = nms(boxes, scores, classes, opts)
             results.append(detections(boxes[keep], scores[keep], classes[keep], self.labels, opts, tf))

@@ -17,7 +17,7 @@ from edged.errors import DecoderError
 from edged.models.package import DecoderSpec, InputSpec
 
 from ..preprocess import Transform
-from .base import DecodeOptions, Detection, detections, nms, output_name, xywh_to_xyxy
+from .base import DecodeOptions, Detection, detections, nms, objectness_candidates, output_name, xywh_to_xyxy
 
 
 def grid_cells(height: int, width: int, strides: Sequence[int]) -> int:
@@ -63,12 +63,7 @@ class YoloX:
         results: list[list[Detection]] = []
         for row, tf in enumerate(transforms):
             pred = out[row]
-            cand = np.flatnonzero(pred[:, 4] > opts.score_threshold)  # obj x cls <= obj: a cheap first cut
-            conf = pred[cand, 5:] * pred[cand, 4:5]
-            classes = conf.argmax(axis=1)
-            scores = conf[np.arange(len(cand)), classes]
-            keep_thr = scores > opts.score_threshold
-            idx, classes, scores = cand[keep_thr], classes[keep_thr], scores[keep_thr]
+            idx, classes, scores = objectness_candidates(pred, opts.score_threshold)
             p, step = pred[idx, :4].astype(np.float32), self.step[idx]
             xywh = np.concatenate([(p[:, :2] + self.grid[idx]) * step, np.exp(np.clip(p[:, 2:4], -80, 80)) * step], 1)
             boxes = xywh_to_xyxy(xywh)
