@@ -31,7 +31,7 @@ from edged.deploy import certs
 from edged.models.demo import DemoAssets
 from edged.models.signing import SigningKey
 from tests.conftest import REPO, Broker, DaemonProc, edged_cli, wait_until, write_config
-from tests.test_ota import build, device_doc, install
+from tests.test_ota import build, device_doc, install, serving
 from tests.test_tls import client
 
 SHIPPED = REPO / "systemd" / "mosquitto"
@@ -238,6 +238,46 @@ def test_every_flow_through_the_shipped_acl(
     # the last will: a device that dies says so through the broker
     d.stop(signal.SIGKILL)
     wait_until(lambda: json.loads(on("status")[-1].payload)["state"] == "offline", 10, "the last will")
+
+
+def test_a_canary_wave_through_the_shipped_acl(
+    shipped: SiteBroker,
+    site: Path,
+    demo: DemoAssets,
+    tmp_path: Path,
+    signer: SigningKey,
+    start_daemon: Callable[..., DaemonProc],
+) -> None:
+    """`edged push --group dock --canary 1` with the backend's identity to two devices behind the shipped
+    ACL: the canary installs, passes its probation and commits, then the second wave; both end on v2."""
+    pki = site / "certs"
+    doc: dict[str, Any] = {}
+    daemons = []
+    for dev in ("cam-01", "cam-02"):
+        doc = device_doc(shipped, demo, tmp_path, dev, probation_s=3, probation_batches=10, probation_latency_ratio=3)
+        doc["groups"] = ["dock"]
+        doc["cameras"][0]["fps_max"] = 5
+        tls = {
+            "ca_file": str(pki / "ca.crt"),
+            "cert_file": str(pki / f"{dev}.crt"),
+            "key_file": str(pki / f"{dev}.key"),
+        }
+        doc["mqtt"]["tls"] = tls
+        cfg = write_config(tmp_path / f"{dev}.yaml", doc)
+        install(cfg, build(demo, tmp_path, signer, 1))
+        daemons.append(start_daemon(cfg))
+    for d in daemons:
+        serving(d)
+    ops = backend_config(shipped, site, doc, tmp_path / "backend.yaml")
+    v2 = build(demo, tmp_path, signer, 2)
+    r = edged_cli("push", str(v2), "--group", "dock", "--canary", "1", "-c", str(ops), "--timeout", "120", timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr + "".join(d.output()[-2000:] for d in daemons)
+    assert "group 'dock': 2 online" in r.stderr and "2 of 2 device(s) succeeded" in r.stderr, r.stderr
+    assert r.stderr.index("canaries committed") < r.stderr.index("2 of 2"), r.stderr
+    for d in daemons:
+        assert d.stop() == 0
+    for dev in ("cam-01", "cam-02"):
+        assert os.readlink(tmp_path / dev / "models" / "blazeface-back" / "current").endswith("2"), dev
 
 
 def test_the_shipped_acl_confines_each_device(shipped: SiteBroker, connect) -> None:
