@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import paho.mqtt.client as mqtt
 import pytest
+import yaml
 from onnx import helper, numpy_helper
 from paho.mqtt.enums import CallbackAPIVersion
 
@@ -457,3 +458,39 @@ def test_a_config_with_no_model_is_a_config_error(demo: DemoAssets, tmp_path: Pa
     no_model = cfg.model_copy(update={"model": cfg.model.model_copy(update={"package": None, "name": None})})
     with pytest.raises(ConfigError, match=r"exactly one of model\.package .* or model\.name"):
         resolve_package(no_model)
+
+
+def test_a_thermal_exit_on_probation_is_not_a_model_crash(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, start_daemon
+) -> None:
+    """A device that runs too hot while version 2 is on probation: the governor's critical action `exit`
+    stops the daemon (non-zero, for systemd), three times over as systemd restarts it into the same heat.
+    No crash is counted, and what edged-rollback.service runs after the restart limit rolls nothing back:
+    heat is not the model's fault."""
+    from tests import sysfs_fixtures as fx
+
+    root = fx.orin_nano_jp6(tmp_path / "sys-root")
+    governor = {
+        "sysfs_root": str(root),
+        "interval_s": 0.2,
+        "warm_c": 70,
+        "hot_c": 80,
+        "critical_c": 90,
+        "critical_action": "exit",
+    }
+    cfg, state = on_probation(demo, tmp_path, signer, broker)
+    doc = yaml.safe_load(cfg.read_text())
+    doc["governor"] = governor
+    write_config(cfg, doc)
+    for _ in range(3):
+        fx.set_temp(root, "tj-thermal", 50.0)
+        d = start_daemon(cfg)
+        serving(d)
+        fx.set_temp(root, "tj-thermal", 95.0)
+        assert exited(d) != 0, d.output()[-3000:]
+        assert "critical temperature" in d.output()
+    s = state_doc(state)
+    assert s["pending"] == 2 and s["probation_crashes"] == 0 and s.get("probation_boot") is None, s
+    r = edged_cli("model", "rollback", "--if-probation", "-c", str(cfg))
+    assert r.returncode == 1 and "no run died with it loaded" in r.stderr, r.stderr
+    assert store_view(state)["current"] == 2
