@@ -196,6 +196,12 @@ def build_bundle(
         return Bundle(out, target, len(files), sorted(p.name for p in wheels.iterdir()))
 
 
+def clean_source(repo: Path, dest: Path) -> Path:
+    """A copy of the source checkout without build outputs, virtual environments or caches."""
+    shutil.copytree(repo, dest, ignore=shutil.ignore_patterns(*BUILD_LEFTOVERS), symlinks=True)
+    return dest
+
+
 def _wheels(
     target: Target,
     reqs: list[str],
@@ -214,9 +220,7 @@ def _wheels(
     with tempfile.TemporaryDirectory(prefix="edged-src-") as tmp:
         # from a copy without build outputs: setuptools reuses a checkout's build/lib, which can still hold
         # modules since moved or deleted, and they would ship in the wheel
-        src = Path(tmp) / "src"
-        shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(*BUILD_LEFTOVERS), symlinks=True)
-        _run([*pip, "wheel", "--no-deps", "-q", "-w", str(dest), str(src)])
+        _run([*pip, "wheel", "--no-deps", "-q", "-w", str(dest), str(clean_source(REPO, Path(tmp) / "src"))])
     if target == "host":
         say(f"collecting wheels for this machine's Python {sys.version_info.major}.{sys.version_info.minor}")
         _run([*pip, "wheel", "-q", "-w", str(dest), *extra, *reqs])

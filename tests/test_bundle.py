@@ -32,18 +32,14 @@ def jetson_bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
         "model", "pack", str(demo.packages["blazeface-back"].root), "--out", str(tmp / "faces-1.tar"), "--key", str(key)
     )
     assert r.returncode == 0, r.stderr
-    # a checkout's build/lib keeps modules since moved or deleted; setuptools would reuse it
-    stale = REPO / "build" / "lib" / "edged" / "_stale_leftover.py"
-    stale.parent.mkdir(parents=True, exist_ok=True)
-    stale.write_text("# a module this checkout no longer has\n")
-    try:
-        bundle = build_bundle("jetson-jp6", tmp / "keys", tmp / "faces-1.tar", key, tmp / "out")
-    finally:
-        stale.unlink()
+    bundle = build_bundle("jetson-jp6", tmp / "keys", tmp / "faces-1.tar", key, tmp / "out")
     return bundle, tmp / "keys"
 
 
 def test_the_edged_wheel_holds_the_source_and_no_build_leftovers(jetson_bundle: tuple[Path, Path]) -> None:
+    """Exactly the checkout's modules: setuptools reuses a checkout's build/lib, where modules since moved or
+    deleted linger (a developer's checkout had edged/cli.py and daemon/trt.py there), so the wheel is built
+    from a copy without build outputs."""
     import io
     import zipfile
 
@@ -52,8 +48,23 @@ def test_the_edged_wheel_holds_the_source_and_no_build_leftovers(jetson_bundle: 
         name = next(n for n in tar.getnames() if Path(n).name.startswith("edged-") and n.endswith(".whl"))
         data = tar.extractfile(name).read()  # type: ignore[union-attr]
     modules = {n for n in zipfile.ZipFile(io.BytesIO(data)).namelist() if n.endswith(".py")}
-    assert "edged/_stale_leftover.py" not in modules
-    assert {"edged/cli/__init__.py", "edged/protocol/topics.py", "edged/daemon/backends/base.py"} <= modules
+    parts = ("daemon", "models", "quantize", "deploy", "cli", "protocol")
+    expected = {f"edged/{p.name}" for p in (REPO / "edged").glob("*.py")} | {
+        f"edged/{py.relative_to(REPO)}" for part in parts for py in (REPO / part).rglob("*.py")
+    }
+    assert modules == expected, (sorted(modules - expected), sorted(expected - modules))
+
+
+def test_the_wheel_source_leaves_build_outputs_behind(tmp_path: Path) -> None:
+    from edged.deploy.bundle import clean_source
+
+    repo = tmp_path / "repo"
+    for rel in ("pyproject.toml", "daemon/app.py", "build/lib/edged/gone.py", ".venv/bin/python", "x.egg-info/PKG"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text("x\n")
+    src = clean_source(repo, tmp_path / "copy")
+    found = sorted(str(p.relative_to(src)) for p in src.rglob("*") if p.is_file())
+    assert found == ["daemon/app.py", "pyproject.toml"], found
 
 
 def test_jetson_bundle_has_aarch64_cp310_wheels_and_no_pip_opencv(jetson_bundle: tuple[Path, Path]) -> None:
