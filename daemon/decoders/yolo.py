@@ -81,10 +81,14 @@ class YoloV5:
         for row, tf in enumerate(transforms):
             pred = out[row]
             idx, classes, scores = objectness_candidates(pred, opts.score_threshold)
-            boxes = xywh_to_xyxy(pred[idx, :4])
+            boxes = xywh_to_xyxy(self.xywh(pred, idx))
             keep = nms(boxes, scores, classes, opts)
             results.append(detections(boxes[keep], scores[keep], classes[keep], self.labels, opts, tf))
         return results
+
+    def xywh(self, pred: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """The candidates' boxes (cx, cy, w, h) in input pixels: given as such by YOLOv5."""
+        return pred[idx, :4]
 
 
 class EfficientNms:

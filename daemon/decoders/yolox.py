@@ -16,16 +16,17 @@ import numpy as np
 from edged.errors import DecoderError
 from edged.models.package import DecoderSpec, InputSpec
 
-from ..preprocess import Transform
-from .base import DecodeOptions, Detection, detections, nms, objectness_candidates, output_name, xywh_to_xyxy
+from .base import output_name
+from .yolo import YoloV5
 
 
 def grid_cells(height: int, width: int, strides: Sequence[int]) -> int:
     return sum((height // s) * (width // s) for s in strides)
 
 
-class YoloX:
-    """params: output (name), strides (default [8, 16, 32]; [8, 16, 32, 64] for P6 models)."""
+class YoloX(YoloV5):
+    """params: output (name), strides (default [8, 16, 32]; [8, 16, 32, 64] for P6 models). Decoded as
+    YOLOv5 (objectness x best class score, NMS) once its grid offsets are turned into boxes."""
 
     def __init__(self, spec: DecoderSpec, input_spec: InputSpec, labels: Sequence[str]) -> None:
         self.params = spec.params
@@ -56,17 +57,7 @@ class YoloX:
         if self.labels and shape[2] - 5 != len(self.labels):
             raise DecoderError(f"yolox: {shape[2] - 5} classes in the output, {len(self.labels)} labels")
 
-    def decode(
-        self, outputs: dict[str, np.ndarray], transforms: Sequence[Transform], opts: DecodeOptions
-    ) -> list[list[Detection]]:
-        out = outputs[self.name]
-        results: list[list[Detection]] = []
-        for row, tf in enumerate(transforms):
-            pred = out[row]
-            idx, classes, scores = objectness_candidates(pred, opts.score_threshold)
-            p, step = pred[idx, :4].astype(np.float32), self.step[idx]
-            xywh = np.concatenate([(p[:, :2] + self.grid[idx]) * step, np.exp(np.clip(p[:, 2:4], -80, 80)) * step], 1)
-            boxes = xywh_to_xyxy(xywh)
-            keep = nms(boxes, scores, classes, opts)
-            results.append(detections(boxes[keep], scores[keep], classes[keep], self.labels, opts, tf))
-        return results
+    def xywh(self, pred: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """YOLOX gives grid offsets and log sizes per cell: boxes (cx, cy, w, h) in input pixels."""
+        p, step = pred[idx, :4].astype(np.float32), self.step[idx]
+        return np.concatenate([(p[:, :2] + self.grid[idx]) * step, np.exp(np.clip(p[:, 2:4], -80, 80)) * step], 1)
