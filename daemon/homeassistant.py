@@ -4,11 +4,12 @@ sensor per label (objects in view) and a sensor of the last object event.
     decode thread ──Result──> HomeAssistant.observe ──(counts or last event changed)──> …/ha/<camera>
     main loop ──tick()──> at every connect (and a model swap): discovery configs, then every camera's state
 
-- Discovery configs (retained, QoS 1) go to ``<discovery_prefix>/sensor/<unique_id>/config``
-  (topics.ha_discovery), shaped as Home Assistant documents them (protocol/schemas/
-  homeassistant_sensor.schema.json cites the pages). Each names the device (one ``device`` block, the same
-  identifiers everywhere), its state topic and, for availability, the device's retained ``…/status``
-  (``online``; ``stopped`` and the ``offline`` last will make the entities unavailable).
+- Discovery configs (retained, QoS 1) go to ``<discovery_prefix>/sensor/<device_id>/<unique_id>/config``
+  (topics.ha_discovery; the node id level lets a broker ACL keep each device to its own), shaped as Home
+  Assistant documents them (protocol/schemas/homeassistant_sensor.schema.json cites the pages). Each
+  names the device (one ``device`` block, the same identifiers everywhere), its state topic and, for
+  availability, the device's retained ``…/status`` (``online``; ``stopped`` and the ``offline`` last will
+  make the entities unavailable).
 - A camera's state, ``…/ha/<camera>`` (retained, QoS 1, ``edged.ha_state/1``), is published when its counts
   or its last event change, never per frame. With tracking on (the default) a count is the camera's
   confirmed tracks of that label: the occupancy the object events give (appeared +1, ended -1), whatever
@@ -76,6 +77,7 @@ def discovery_configs(cfg: Config, model_labels: Sequence[str]) -> dict[str, dic
     """Every entity's discovery config, by discovery topic."""
     ha, dev = cfg.homeassistant, cfg.device_id
     root = f"{cfg.mqtt.topic_prefix}/{dev}"
+    node = object_id(dev)
     common: dict[str, Any] = {
         "availability_topic": topics.status(root),
         "availability_template": "{{ 'online' if value_json.state == 'online' else 'offline' }}",
@@ -97,7 +99,7 @@ def discovery_configs(cfg: Config, model_labels: Sequence[str]) -> dict[str, dic
         for label in camera_labels(cfg, cam, model_labels):
             uid = object_id("edged", dev, cam.name, label, "count")
             key = label.replace("\\", "\\\\").replace("'", "\\'")
-            out[topics.ha_discovery(ha.discovery_prefix, "sensor", uid)] = {
+            out[topics.ha_discovery(ha.discovery_prefix, "sensor", node, uid)] = {
                 "name": f"{cam.name} {label} count",
                 "unique_id": uid,
                 "state_topic": state,
@@ -108,7 +110,7 @@ def discovery_configs(cfg: Config, model_labels: Sequence[str]) -> dict[str, dic
             }
         if tracking(cam):
             uid = object_id("edged", dev, cam.name, "last_event")
-            out[topics.ha_discovery(ha.discovery_prefix, "sensor", uid)] = {
+            out[topics.ha_discovery(ha.discovery_prefix, "sensor", node, uid)] = {
                 "name": f"{cam.name} last event",
                 "unique_id": uid,
                 "state_topic": state,

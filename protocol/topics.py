@@ -18,7 +18,8 @@ A device's topics live under its root, ``<topic_prefix>/<device_id>`` (default `
     …/ota/status                        out  1    yes       edged.ota/1
     …/ha/<camera>                       out  1    yes       counts per label and the last object event
                                                             (Home Assistant's state topic; optional)
-    <discovery_prefix>/sensor/<id>/config  out  1  yes      a Home Assistant MQTT discovery config
+    <discovery_prefix>/sensor/<device_id>/<unique_id>/config
+                                        out  1    yes       a Home Assistant MQTT discovery config
                                                             (schemas/homeassistant_sensor.schema.json)
 """
 
@@ -117,11 +118,11 @@ def ha_state(root: str, camera: str) -> str:
     return f"{root}/ha/{camera}"
 
 
-def ha_discovery(discovery_prefix: str, component: str, object_id: str) -> str:
-    """Home Assistant's discovery topic of one entity: ``<discovery_prefix>/<component>/<object_id>/config``
-    (https://www.home-assistant.io/integrations/mqtt/#discovery-topic; no node_id level: the object id is the
-    entity's unique_id, as that page advises)."""
-    return f"{discovery_prefix}/{component}/{object_id}/config"
+def ha_discovery(discovery_prefix: str, component: str, node_id: str, object_id: str) -> str:
+    """Home Assistant's discovery topic of one entity: ``<discovery_prefix>/<component>/<node_id>/<object_id>/config``
+    (https://www.home-assistant.io/integrations/mqtt/#discovery-topic). The node id is the device's id, so a
+    broker ACL can confine a device to its own configs (``pattern write homeassistant/+/%u/+/config``)."""
+    return f"{discovery_prefix}/{component}/{node_id}/{object_id}/config"
 
 
 def every_status(prefix: str) -> str:

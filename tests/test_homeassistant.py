@@ -20,7 +20,8 @@ from edged.protocol.schemas import HA_SENSOR_SCHEMA, HA_STATE_SCHEMA, schema
 
 from .conftest import base_config, wait_until, write_config
 
-TOPIC = re.compile(r"^homeassistant/sensor/[A-Za-z0-9_-]+/config$")  # the documented discovery topic
+# the documented discovery topic: <discovery_prefix>/<component>/[<node_id>/]<object_id>/config
+TOPIC = re.compile(r"^homeassistant/sensor/cam-1/[A-Za-z0-9_-]+/config$")
 
 
 def _validate(doc: object, schema_id: str) -> None:
@@ -47,7 +48,7 @@ def test_discovery_configs_follow_the_documented_schema() -> None:
     # one device entry: every entity names the same device; every unique_id is unique and is the object id
     assert {json.dumps(d["device"], sort_keys=True) for d in docs} == {json.dumps(docs[0]["device"], sort_keys=True)}
     assert len({d["unique_id"] for d in docs}) == len(docs)
-    assert all(t == f"homeassistant/sensor/{d['unique_id']}/config" for t, d in configs.items())
+    assert all(t == f"homeassistant/sensor/cam-1/{d['unique_id']}/config" for t, d in configs.items())
     names = sorted(d["name"] for d in docs)
     assert names == [
         "front.door face count",
@@ -111,12 +112,12 @@ def test_home_assistant_sees_the_demo_faces_come_and_go(
 
     configs = {m.topic: m for m in ha_sub.messages}
     assert set(configs) == {
-        "homeassistant/sensor/edged_test-01_lobby_face_count/config",
-        "homeassistant/sensor/edged_test-01_lobby_last_event/config",
+        "homeassistant/sensor/test-01/edged_test-01_lobby_face_count/config",
+        "homeassistant/sensor/test-01/edged_test-01_lobby_last_event/config",
     }
     for m in configs.values():
         _validate(m.json(), HA_SENSOR_SCHEMA)
-    count_cfg = configs["homeassistant/sensor/edged_test-01_lobby_face_count/config"].json()
+    count_cfg = configs["homeassistant/sensor/test-01/edged_test-01_lobby_face_count/config"].json()
     # availability: the device's retained status, online while it ran, stopped (-> offline) after
     statuses = [m.json()["state"] for m in dev_sub.on("status")]
     assert count_cfg["availability_topic"] == "edged/test-01/status" and statuses[0] == "online"
@@ -144,8 +145,8 @@ def test_home_assistant_sees_the_demo_faces_come_and_go(
     cleared = {m.topic for m in ha2.messages if not m.payload} | {m.topic for m in dev2.messages if not m.payload}
     assert cleared == {*configs, "edged/test-01/ha/lobby"}
     assert {m.topic for m in ha2.messages if m.payload and not m.retain} == {
-        "homeassistant/sensor/edged_test-01_hall_face_count/config",
-        "homeassistant/sensor/edged_test-01_hall_last_event/config",
+        "homeassistant/sensor/test-01/edged_test-01_hall_face_count/config",
+        "homeassistant/sensor/test-01/edged_test-01_hall_last_event/config",
     }
     # discovery turned off: what the last run announced is cleared, and the list of it goes
     cfg3 = base_config(broker, demo, tmp_path, [cam2])
