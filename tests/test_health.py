@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import socket
+import statistics
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -68,7 +70,12 @@ def test_health_ready_and_metrics_follow_camera_and_broker(
         assert ready(port)[1] == {"status": "ready"}
         assert get(port, "/healthz")[:2] == (200, "application/json")
         wait_until(lambda: metrics(port)[("edged_inference_results_total", ())] > 0, 20, "results counted")
-        m = metrics(port)
+        took = []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            m = metrics(port)
+            took.append(time.perf_counter() - t0)
+        print(f"\n/metrics: {len(m)} samples, scrape median {1000 * statistics.median(took):.1f} ms")
         assert m[("edged_ready", ())] == 1.0
         assert m[("edged_camera_up", (("camera", "door"),))] == 1.0
         assert m[("edged_camera_frames_total", (("camera", "door"),))] > 0

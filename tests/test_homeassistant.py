@@ -161,3 +161,36 @@ def test_home_assistant_sees_the_demo_faces_come_and_go(
     late.client.publish("homeassistant/_probe", b"x", qos=1)  # comes after any retained message
     wait_until(lambda: bool(late.on("_probe")), 5, "the probe message")
     assert [m.topic for m in late.messages if m.topic != "homeassistant/_probe"] == []
+
+
+def test_discovery_is_sent_again_at_every_connect(
+    broker, subscribe, start_daemon, demo: DemoAssets, tmp_path: Path
+) -> None:
+    """A broker restarted without persistence has lost every retained message: the daemon's reconnect
+    announces the entities and their states again (and availability comes back with the status)."""
+    cams = [{"name": "lobby", "uri": "synthetic://?fps=15"}]
+    cfg = base_config(broker, demo, tmp_path, cams, homeassistant={"enabled": True, "discovery_prefix": "ha"})
+    d = start_daemon(write_config(tmp_path / "edged.yaml", cfg))
+    sub = subscribe(broker, "ha/#")
+    wait_until(lambda: len({m.topic for m in sub.messages}) == 2, 60, "two discovery configs")
+    broker.stop()
+    broker.start()
+    # a subscriber that comes after the restart sees them retained: sent again at the daemon's reconnect
+    late = subscribe(broker, "#")
+    wait_until(
+        lambda: (
+            {m.topic for m in late.messages if m.payload}
+            >= {
+                "ha/sensor/test-01/edged_test-01_lobby_face_count/config",
+                "ha/sensor/test-01/edged_test-01_lobby_last_event/config",
+                "edged/test-01/ha/lobby",
+                "edged/test-01/status",
+            }
+        ),
+        30,
+        "discovery, state and status after the broker's restart",
+    )
+    for m in late.messages:
+        if m.topic.startswith("ha/"):
+            _validate(m.json(), HA_SENSOR_SCHEMA)
+    assert d.stop() == 0, d.output()[-3000:]
