@@ -202,7 +202,7 @@ class Daemon:
         self.health: HealthServer | None = None
         if cfg.health.enabled:
             stall_s = Watchdog().stall_s
-            self.probe = Probe(
+            probe = Probe(
                 cfg.device_id,
                 self.cameras,
                 self.loop,
@@ -214,7 +214,7 @@ class Daemon:
                 lambda: self._health(time.monotonic(), stall_s),
                 self.started,
             )
-            self.health = HealthServer(cfg.health, self.probe)
+            self.health = HealthServer(cfg.health, probe)
 
     def _start_failed(self, exc: BaseException) -> None:
         """A start that ends in an error releases what it holds (the probation marker: `ModelLoader.start_failed`)."""
@@ -330,7 +330,7 @@ class Daemon:
         set_log_model(self.package.ref)
         notify(f"READY=1\nSTATUS={self.telemetry.status_line()}")
         if self.health is not None:
-            self.probe.serving.set()
+            self.health.probe.serving.set()
         if self.signals is not None:
             self.signals.ready(self.control.reload_in_background)  # SIGHUP reloads from now on
         watchdog = Watchdog()
@@ -425,7 +425,7 @@ class Daemon:
         notify("STOPPING=1\nSTATUS=stopping")
         self.request_stop()
         if self.health is not None:
-            self.probe.stopping.set()
+            self.health.probe.stopping.set()
         if self.governor is not None:
             self.governor.stop()
         join_all(self.cameras, 5.0)  # in parallel: several hung sources cost one bound, not one each
