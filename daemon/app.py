@@ -36,6 +36,8 @@ from .config import Config
 from .control import Control
 from .events import Scenes, decode_options
 from .governor import Governor
+from .health import HealthServer, Probe
+from .homeassistant import HomeAssistant
 from .inference import ActiveModel, InferenceLoop, Result
 from .loader import ModelLoader
 from .ota import OtaReceiver
@@ -183,10 +185,36 @@ class Daemon:
             self.telemetry,
         )
         self.control.register(self.commands, self.ota)
+        self._consumers()
         # the broker drops anything bigger than the largest message we take (the MQTT Maximum Packet Size)
         self.publisher.max_incoming_bytes = max(
             self.commands.max_bytes(), self.ota.max_message_bytes if self.ota else 0
         )
+
+    def _consumers(self) -> None:
+        """Home Assistant discovery and the local health endpoint, when configured (each optional)."""
+        cfg = self.cfg
+        self.homeassistant: HomeAssistant | None = None
+        if HomeAssistant.needed(cfg):  # enabled, or an earlier run's entities to clear
+            self.homeassistant = HomeAssistant(
+                cfg, self.scenes, self.publisher, lambda: (self.package.ref, self.package.labels)
+            )
+        self.health: HealthServer | None = None
+        if cfg.health.enabled:
+            stall_s = Watchdog().stall_s
+            probe = Probe(
+                cfg.device_id,
+                self.cameras,
+                self.loop,
+                self.models,
+                self.publisher,
+                self.governor,
+                self.throttle,
+                self.telemetry,
+                lambda: self._health(time.monotonic(), stall_s),
+                self.started,
+            )
+            self.health = HealthServer(cfg.health, probe)
 
     def _start_failed(self, exc: BaseException) -> None:
         """A start that ends in an error releases what it holds (the probation marker: `ModelLoader.start_failed`)."""
@@ -218,6 +246,8 @@ class Daemon:
             self._event(ev)
         self.telemetry.record(r)
         self.control.record(r)
+        if self.homeassistant is not None:
+            self.homeassistant.observe(r)
         if frames:
             self.publisher.submit(r)
 
@@ -265,6 +295,8 @@ class Daemon:
             self.signals.install()
             self.signals.on_stop(self.request_stop)
         m = self.package.manifest
+        if self.health is not None:
+            self.health.start()  # /healthz answers during the warm-up; /readyz says why it is not ready
         warm_ms = self._warm_up()
         if warm_ms is None:
             return self._stop_before_ready()
@@ -297,6 +329,8 @@ class Daemon:
         # in STATUS= and telemetry), so a camera down at boot cannot make systemd restart a healthy daemon.
         set_log_model(self.package.ref)
         notify(f"READY=1\nSTATUS={self.telemetry.status_line()}")
+        if self.health is not None:
+            self.health.probe.serving.set()
         if self.signals is not None:
             self.signals.ready(self.control.reload_in_background)  # SIGHUP reloads from now on
         watchdog = Watchdog()
@@ -326,6 +360,8 @@ class Daemon:
                 if not self.publisher.network_alive():
                     self.publisher.restart_network()
                 self.models.check_probation(now)
+                if self.homeassistant is not None:
+                    self.homeassistant.tick()  # discovery at each connect; states follow the counts
                 if now >= next_tel:
                     self.lock.check()  # a state directory deleted while running: the lock is taken again
                     self.publisher.publish_json(topics.TELEMETRY, self.telemetry.document(), qos=0, retain=True)
@@ -353,6 +389,8 @@ class Daemon:
         """A stop before READY=1 (a SIGTERM during the model load or the warm-up): nothing was started, so
         close the model, the spool and the lock; the probation marker goes too (this is no crash)."""
         notify("STOPPING=1\nSTATUS=stopping before ready")
+        if self.health is not None:
+            self.health.stop()
         self.models.close()
         active = self.loop.active
         if active is not None:
@@ -386,6 +424,8 @@ class Daemon:
     def shutdown(self) -> None:
         notify("STOPPING=1\nSTATUS=stopping")
         self.request_stop()
+        if self.health is not None:
+            self.health.probe.stopping.set()
         if self.governor is not None:
             self.governor.stop()
         join_all(self.cameras, 5.0)  # in parallel: several hung sources cost one bound, not one each
@@ -402,4 +442,6 @@ class Daemon:
             if active is not None:
                 active.backend.close()
             self.lock.release()
+            if self.health is not None:
+                self.health.stop()
         logger.info("stopped cleanly")

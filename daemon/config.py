@@ -37,6 +37,8 @@ from .camera_config import MotionConfig as MotionConfig
 from .camera_config import StrictModel as _Strict
 from .camera_config import TrackingConfig as TrackingConfig
 from .camera_config import ZoneConfig as ZoneConfig
+from .consumer_config import HealthConfig as HealthConfig
+from .consumer_config import HomeAssistantConfig as HomeAssistantConfig
 from .redact import scrub
 
 ENV_PREFIX = "EDGED_"
@@ -308,6 +310,8 @@ class Config(_Strict):
     governor: GovernorConfig = Field(GovernorConfig(), description="thermals and power")
     memory: MemoryConfig = Field(MemoryConfig(), description="the memory budget")
     ota: OtaConfig = Field(OtaConfig(), description="over-the-air model pushes")
+    homeassistant: HomeAssistantConfig = Field(HomeAssistantConfig(), description="Home Assistant MQTT discovery")
+    health: HealthConfig = Field(HealthConfig(), description="the local health and metrics endpoint")
     groups: list[str] = Field(
         [], description="fleet groups of this device (edged push --group), shown in the retained status"
     )

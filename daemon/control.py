@@ -42,7 +42,19 @@ logger = logging.getLogger(__name__)
 
 SNAPSHOT_MIN_INTERVAL_S = 2.0
 # What a reload never changes in the running daemon: a change to one of these applies at the next start.
-RESTART_KEYS = ("device_id", "state_dir", "mqtt", "spool", "model", "cameras", "inference", "ota", "groups")
+RESTART_KEYS = (
+    "device_id",
+    "state_dir",
+    "mqtt",
+    "spool",
+    "model",
+    "cameras",
+    "inference",
+    "ota",
+    "groups",
+    "homeassistant",
+    "health",
+)
 
 
 class SnapshotArgs(BaseModel):

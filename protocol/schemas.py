@@ -25,6 +25,8 @@ MODEL_STATE_SCHEMA = "edged.model-state/1"
 OTA_OFFER_SCHEMA = "edged.ota_offer/1"  # the cmd/ota arguments; likewise
 OTA_REQUEST_SCHEMA = "edged.ota_request/1"  # ota/req; likewise
 OTA_CHUNK_HEADER_SCHEMA = "edged.ota_chunk/1"  # an ota/data chunk's header; likewise
+HA_STATE_SCHEMA = "edged.ha_state/1"  # …/ha/<camera>, Home Assistant's state topic
+HA_SENSOR_SCHEMA = "homeassistant.sensor-discovery"  # Home Assistant's discovery config, as its docs define it
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 # schema id -> its file in SCHEMA_DIR
@@ -40,6 +42,8 @@ FILES = {
     OTA_OFFER_SCHEMA: "ota_offer.schema.json",
     OTA_REQUEST_SCHEMA: "ota_request.schema.json",
     OTA_CHUNK_HEADER_SCHEMA: "ota_chunk.schema.json",
+    HA_STATE_SCHEMA: "ha_state.schema.json",
+    HA_SENSOR_SCHEMA: "homeassistant_sensor.schema.json",
 }
 
 STATUS_STATES = ("online", "offline", "stopped")  # offline is the last will

@@ -16,6 +16,11 @@ A device's topics live under its root, ``<topic_prefix>/<device_id>`` (default `
     …/ota/req                           out  0    no        edged.ota_request/1: a chunk the device asks for
     …/ota/data                          in   0    no        a chunk: [2-byte header length][header JSON][bytes]
     …/ota/status                        out  1    yes       edged.ota/1
+    …/ha/<camera>                       out  1    yes       counts per label and the last object event
+                                                            (Home Assistant's state topic; optional)
+    <discovery_prefix>/sensor/<device_id>/<unique_id>/config
+                                        out  1    yes       a Home Assistant MQTT discovery config
+                                                            (schemas/homeassistant_sensor.schema.json)
 """
 
 from __future__ import annotations
@@ -106,6 +111,18 @@ def ota_data(root: str) -> str:
 
 def ota_status(root: str) -> str:
     return f"{root}/{OTA_STATUS}"
+
+
+def ha_state(root: str, camera: str) -> str:
+    """A camera's Home Assistant state document (retained): ``{"counts": {label: n}, "last_event": …}``."""
+    return f"{root}/ha/{camera}"
+
+
+def ha_discovery(discovery_prefix: str, component: str, node_id: str, object_id: str) -> str:
+    """Home Assistant's discovery topic of one entity: ``<discovery_prefix>/<component>/<node_id>/<object_id>/config``
+    (https://www.home-assistant.io/integrations/mqtt/#discovery-topic). The node id is the device's id, so a
+    broker ACL can confine a device to its own configs (``pattern write homeassistant/+/%u/+/config``)."""
+    return f"{discovery_prefix}/{component}/{node_id}/{object_id}/config"
 
 
 def every_status(prefix: str) -> str:

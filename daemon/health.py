@@ -1,0 +1,326 @@
+"""Health without the broker: a small local HTTP server (``health:`` in the config; off by default, bound to
+127.0.0.1) for probes and Prometheus.
+
+    GET /healthz  200 {"status": "ok"} while the daemon's threads make progress (the systemd watchdog's
+                  own question); 503 with the reason otherwise
+    GET /readyz   200 {"status": "ready"} when the model is loaded and warm, every camera delivers frames,
+                  the broker is connected, the spool is writable and inference is not paused;
+                  503 {"status": "not ready", "reasons": [...]} otherwise (each reason a sentence)
+    GET /metrics  OpenMetrics / Prometheus text (prometheus-client), read from the running parts at each
+                  scrape: counters for what telemetry counts, gauges for states, latencies and sensors
+
+It answers while the broker is away (telemetry, QoS 0, is lost then). Scrapes never touch telemetry's
+rate state: rates are Prometheus's business (``rate(edged_camera_frames_total[1m])``); ``edged_inference_fps``
+is the rate of the last telemetry interval.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from edged import __version__
+
+from .capture import Camera, Throttle
+from .consumer_config import HealthConfig
+from .governor import Governor
+from .inference import InferenceLoop
+from .publish import Publisher
+from .sensors import process_memory_mb
+from .swap import ModelManager
+from .telemetry import Telemetry
+
+logger = logging.getLogger(__name__)
+
+
+class Probe(Collector):
+    """Reads the running parts (from the HTTP server's threads: only reads, no locks of theirs held long)."""
+
+    def __init__(
+        self,
+        device_id: str,
+        cameras: list[Camera],
+        loop: InferenceLoop,
+        models: ModelManager,
+        publisher: Publisher,
+        governor: Governor | None,
+        throttle: Throttle,
+        telemetry: Telemetry,
+        threads: Callable[[], tuple[bool, str]],
+        started: float,
+    ) -> None:
+        """`threads`: the watchdog's question (are the inference loop, the publisher and the MQTT network
+        making progress?), as (healthy, why not)."""
+        self.device_id = device_id
+        self.cameras = cameras
+        self.loop = loop
+        self.models = models
+        self.publisher = publisher
+        self.governor = governor
+        self.throttle = throttle
+        self.telemetry = telemetry
+        self.threads = threads
+        self.started = started
+        self.serving = threading.Event()  # set once the model is warm and the parts are started
+        self.stopping = threading.Event()
+
+    def alive(self) -> tuple[bool, str]:
+        if not self.serving.is_set():
+            return True, ""  # loading or warming up: alive, not ready
+        return self.threads()
+
+    def reasons(self) -> list[str]:
+        """Why the daemon is not ready (empty: ready)."""
+        if self.stopping.is_set():
+            return ["the daemon is stopping"]
+        if not self.serving.is_set():
+            return ["the model is loading or warming up"]
+        out: list[str] = []
+        if self.loop.active is None:
+            out.append("no model is loaded")
+        ok, why = self.threads()
+        if not ok:
+            out.append(why)
+        for c in self.cameras:
+            if not c.live:
+                s = c.stats
+                out.append(f"camera {c.name} is {s.state}" + (f": {s.last_error}" if s.last_error else ""))
+        p = self.publisher
+        if not p.connected:
+            out.append(
+                f"the broker {p.cfg.host}:{p.cfg.port} is not connected" + (f": {p.last_error}" if p.last_error else "")
+            )
+        if p.spool_state != "ok":
+            out.append(f"the spool is failing: {p.spool_error or 'storage errors'}")
+        if self.throttle.paused:
+            who = "the pause command" if self.throttle.user_paused else "the governor (heat or power)"
+            out.append(f"inference is paused by {who}")
+        return out
+
+    # --- /metrics --------------------------------------------------------------------------------
+    def collect(self) -> Iterator[Metric]:
+        st = self.loop.stats
+        package = self.models.package
+        info = InfoMetricFamily("edged", "the daemon, its version and the model it serves")
+        info.add_metric(
+            [],
+            {
+                "device": self.device_id,
+                "version": __version__,
+                "model": package.ref,
+                "backend": self.telemetry.backend_name,
+            },
+        )
+        yield info
+        yield _gauge("edged_uptime_seconds", "seconds since the daemon started", time.monotonic() - self.started)
+        yield _gauge("edged_ready", "1 when /readyz says ready", 0.0 if self.reasons() else 1.0)
+        yield from self._cameras()
+        yield _gauge("edged_inference_fps", "results per second over the last telemetry interval", self.telemetry.fps)
+        yield _counter("edged_inference_results", "results (frames) inferred", st.rows)
+        yield _counter("edged_inference_batches", "batches run", st.batches)
+        yield _counter("edged_inference_padded_rows", "padding rows in short batches", st.padded_rows)
+        yield _counter("edged_inference_errors", "inference errors", st.errors)
+        yield _quantiles("edged_inference_latency_seconds", "inference time per batch", st.infer_ms.percentiles())
+        yield _quantiles(
+            "edged_capture_to_result_seconds", "from capture to result", st.capture_to_result_ms.percentiles()
+        )
+        yield _counter("edged_model_swaps", "model swaps done", self.models.swaps)
+        yield from self._mqtt()
+        yield from self._memory()
+        yield from self._governor()
+
+    def _cameras(self) -> Iterable[Metric]:
+        up = GaugeMetricFamily("edged_camera_up", "1 while the camera delivers frames", labels=["camera"])
+        state = GaugeMetricFamily(
+            "edged_camera_state", "the camera's state (1 for the current one)", labels=["camera", "state"]
+        )
+        counters = {
+            key: CounterMetricFamily(f"edged_camera_{key}", text, labels=["camera"])
+            for key, text in (
+                ("frames", "frames captured"),
+                ("drops", "frames dropped (a newer one replaced them)"),
+                ("reconnects", "reconnections"),
+                ("stalls", "stalls (no frame for stall_timeout_s)"),
+                ("errors", "capture errors"),
+            )
+        }
+        skipped = CounterMetricFamily("edged_camera_skipped_frames", "frames motion gating skipped", labels=["camera"])
+        for c in self.cameras:
+            s = c.stats
+            up.add_metric([c.name], 1.0 if c.live else 0.0)
+            for name in ("starting", "up", "down", "ended", "stopped"):
+                state.add_metric([c.name, name], 1.0 if s.state == name else 0.0)
+            for key, fam in counters.items():
+                fam.add_metric([c.name], float(getattr(s, key)))
+            gate = self.loop.gates.get(c.name)
+            if gate is not None:
+                skipped.add_metric([c.name], float(gate.skipped))
+        return [up, state, *counters.values(), skipped]
+
+    def _mqtt(self) -> Iterable[Metric]:
+        p = self.publisher
+        spool = p.spool
+        dropped = CounterMetricFamily("edged_messages_dropped", "messages (results, events) lost", labels=["reason"])
+        for reason, n in (
+            ("spool_bounds", spool.dropped),
+            ("spool_unsaved", spool.dropped_unsaved),
+            ("spool_lost", spool.lost),
+            ("queue_full", p.dropped_queue_full),
+            ("oversized", p.oversized),
+        ):
+            dropped.add_metric([reason], float(n))
+        return [
+            _gauge("edged_mqtt_connected", "1 while connected to the broker", 1.0 if p.connected else 0.0),
+            _counter("edged_mqtt_connects", "connections made", p.connects),
+            _counter("edged_mqtt_connect_failures", "connection attempts that failed", p.connect_failures),
+            _counter("edged_results_submitted", "results handed to the publisher", p.results),
+            _counter("edged_messages_spooled", "messages written to the spool", p.spooled),
+            _counter("edged_messages_published", "messages sent to the broker", p.published),
+            _counter("edged_messages_acked", "QoS 1 messages the broker acknowledged", p.acked),
+            dropped,
+            _gauge("edged_spool_rows", "messages waiting in the spool", spool.rows),
+            _gauge("edged_spool_bytes", "the spool's size", spool.bytes),
+            _gauge("edged_spool_ok", "1 while the spool is writable", 1.0 if p.spool_state == "ok" else 0.0),
+        ]
+
+    def _memory(self) -> Iterable[Metric]:
+        fam = GaugeMetricFamily("edged_memory_bytes", "the process's memory", labels=["kind"])
+        for key, mb in process_memory_mb().items():
+            fam.add_metric([key.removesuffix("_mb")], float(mb) * 2**20)
+        active = self.loop.active
+        fam.add_metric(["model"], float(active.backend.memory_bytes if active is not None else 0))
+        return [fam]
+
+    def _governor(self) -> Iterable[Metric]:
+        out: list[Metric] = [
+            _gauge("edged_inference_paused", "1 while inference is paused", float(self.throttle.paused))
+        ]
+        g = self.governor
+        if g is None:
+            return out
+        out.append(
+            _gauge("edged_governor_level", "thermal level: 0 normal, 1 warm, 2 hot, 3 critical", int(g.policy.level))
+        )
+        out.append(_gauge("edged_fps_scale", "the governor's frame-rate factor", self.throttle.fps_scale))
+        r = g.last
+        if r is None:
+            return out
+        temps = GaugeMetricFamily("edged_temperature_celsius", "thermal zones", labels=["zone"])
+        for zone, c in r.temps_c.items():
+            temps.add_metric([zone], float(c))
+        out.append(temps)
+        if r.power_w is not None:
+            out.append(_gauge("edged_power_watts", "board power", r.power_w))
+        if r.gpu_load_pct is not None:
+            out.append(_gauge("edged_gpu_load_ratio", "GPU load (0-1)", float(r.gpu_load_pct) / 100.0))
+        return out
+
+
+def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, value=float(value))
+
+
+def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, text, value=float(value))
+
+
+def _quantiles(name: str, text: str, ms: dict[str, float]) -> GaugeMetricFamily:
+    """Telemetry's window percentiles (p50/p95/p99, ms) as a gauge with a quantile label, in seconds."""
+    fam = GaugeMetricFamily(name, text + " (percentiles of the recent window)", labels=["quantile"])
+    for key, v in ms.items():
+        fam.add_metric([str(int(key[1:]) / 100)], v / 1000.0)
+    return fam
+
+
+class HealthServer:
+    """The HTTP server on its own thread; `start` binds (an error names the address), `stop` closes."""
+
+    def __init__(self, cfg: HealthConfig, probe: Probe) -> None:
+        self.cfg = cfg
+        self.probe = probe
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(probe)
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.requests = 0
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1] if self._server is not None else 0
+
+    def start(self) -> None:
+        """Bind and serve. An address in use is logged, and the daemon serves on without the endpoint: an
+        inference device does not stop for its metrics port."""
+        handler = _handler(self)
+        try:
+            self._server = ThreadingHTTPServer((self.cfg.host, self.cfg.port), handler)
+        except OSError as exc:
+            logger.error(
+                "health: cannot listen on %s:%d (%s); serving without the endpoint", self.cfg.host, self.cfg.port, exc
+            )
+            return
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.25,), name="health", daemon=True)
+        self._thread.start()
+        logger.info("health: http://%s:%d/healthz, /readyz, /metrics", self.cfg.host, self.port)
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(5.0)
+        self._server = None
+
+    def answer(self, path: str, accept: str) -> tuple[int, str, bytes]:
+        """(status, content type, body) for a GET of `path`."""
+        self.requests += 1
+        if path == "/healthz":
+            ok, why = self.probe.alive()
+            return _json(200 if ok else 503, {"status": "ok"} if ok else {"status": "failing", "reasons": [why]})
+        if path == "/readyz":
+            reasons = self.probe.reasons()
+            return _json(
+                503 if reasons else 200, {"status": "not ready", "reasons": reasons} if reasons else {"status": "ready"}
+            )
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(accept)
+            return 200, content_type, encoder(self.registry)
+        return _json(404, {"status": "not found", "paths": ["/healthz", "/readyz", "/metrics"]})
+
+
+def _json(status: int, doc: dict[str, Any]) -> tuple[int, str, bytes]:
+    return status, "application/json", json.dumps(doc).encode() + b"\n"
+
+
+def _handler(server: HealthServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = f"edged/{__version__}"
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            try:
+                status, ctype, body = server.answer(path, self.headers.get("Accept", ""))
+            except Exception:  # a boundary: one failed scrape is a 500 and a log line, not a dead server
+                logger.exception("health: %s failed", path)
+                status, ctype, body = 500, "text/plain", b"internal error\n"
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            logger.debug("health: " + format, *args)
+
+    return Handler
