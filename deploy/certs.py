@@ -332,6 +332,10 @@ pattern write {p}/%u/ota/status
 # these (docs/subscriber.md, Commands).
 pattern write {p}/%u/cmd/+/reply
 pattern write {p}/%u/reply/#
+# Home Assistant discovery (homeassistant.enabled, discovery prefix `homeassistant`): the device's
+# per-camera states and its own discovery configs (the node id is the device id).
+pattern write {p}/%u/ha/+
+pattern write homeassistant/sensor/%u/+/config
 
 # The site's backend (CN = backend, `edged certs backend`; no device may be named so): reads every
 # device (results, status and its last will, group discovery, replies, OTA requests and status), sends
@@ -342,6 +346,14 @@ topic read {p}/#
 topic write {p}/+/cmd/+
 topic write {p}/+/ota/data
 topic readwrite backend/#
+
+# Home Assistant's MQTT integration (CN = homeassistant, `edged certs device homeassistant`): reads the
+# discovery configs, the devices' states and availability, and announces its own birth (its status).
+user homeassistant
+topic read homeassistant/#
+topic write homeassistant/status
+topic read {p}/+/status
+topic read {p}/+/ha/+
 """
 _PREFIX_LEVEL = re.compile(r"^[A-Za-z0-9_.-]+$")
 

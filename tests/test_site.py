@@ -37,7 +37,7 @@ from tests.test_tls import client
 SHIPPED = REPO / "systemd" / "mosquitto"
 
 
-def make_site(devices: tuple[str, ...] = ("cam-01", "cam-02", "backend")) -> Path:
+def make_site(devices: tuple[str, ...] = ("cam-01", "cam-02", "backend", "homeassistant")) -> Path:
     """A site folder the `mosquitto` user can traverse (pytest's own temporary folders are 0700), with
     the PKI a user makes with `edged certs`: the CA and its empty CRL, the broker's, the clients'."""
     d = Path(tempfile.mkdtemp(prefix="edged-site-"))
@@ -194,10 +194,13 @@ def test_every_flow_through_the_shipped_acl(
     doc = device_doc(shipped, demo, tmp_path, "cam-01")
     doc["groups"] = ["dock"]
     doc["telemetry"] = {"interval_s": 1}
+    doc["homeassistant"] = {"enabled": True}
     tls = {"ca_file": str(pki / "ca.crt"), "cert_file": str(pki / "cam-01.crt"), "key_file": str(pki / "cam-01.key")}
     doc["mqtt"]["tls"] = tls
     cfg = write_config(tmp_path / "cam-01.yaml", doc)
     install(cfg, build(demo, tmp_path, signer, 1))
+    ha, ha_seen = connect(shipped, "homeassistant")  # Home Assistant's MQTT integration, its own identity
+    subscribed(ha, "homeassistant/#", "edged/+/status", "edged/+/ha/+")
     d = start_daemon(cfg)
 
     def on(suffix: str) -> list[mqtt.MQTTMessage]:
@@ -207,6 +210,18 @@ def test_every_flow_through_the_shipped_acl(
     wait_until(lambda: len(on("results/lobby")) >= 3, 60, "results at the backend\n" + d.output())
     wait_until(lambda: bool(on("telemetry")) and bool(on("model/state")), 10, "telemetry and model/state")
     assert json.loads(on("status")[0].payload)["state"] == "online"
+    # Home Assistant discovery through the shipped ACL: the device's discovery configs, its camera's
+    # state and its availability reach Home Assistant's identity (which reads nothing else of it)
+    wait_until(lambda: "edged/cam-01/ha/lobby" in topics(ha_seen), 20, "the camera's Home Assistant state")
+    configs = [m for m in list(ha_seen) if m.topic.startswith("homeassistant/sensor/cam-01/")]
+    assert configs and all(m.topic.endswith("/config") for m in configs), topics(ha_seen)
+    assert all(json.loads(m.payload)["state_topic"] == "edged/cam-01/ha/lobby" for m in configs)
+    assert "edged/cam-01/status" in topics(ha_seen)
+    assert not any("/results/" in t or "/telemetry" in t for t in topics(ha_seen))
+    ha_seen.clear()  # the configs are retained: a Home Assistant that (re)subscribes gets them again
+    subscribed(ha, "homeassistant/sensor/cam-01/+/config")
+    wait_until(lambda: len(ha_seen) >= len(configs), 10, "the retained discovery configs")
+    assert all(m.retain for m in ha_seen) and {m.topic for m in ha_seen} == {m.topic for m in configs}
     # a command and its replies: the default reply topic, and a response topic in the device's namespace
     backend.publish("edged/cam-01/cmd/status", b"{}", qos=1)
     props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
@@ -296,6 +311,10 @@ def test_the_shipped_acl_confines_each_device(shipped: SiteBroker, connect) -> N
     assert acked(cam2, "edged/cam-01/cmd/ota", b'{"transfer": "x"}').value == denied
     assert acked(cam2, "edged/cam-01/ota/data", b"\x00\x02{}").value == denied
     assert acked(cam2, "edged/cam-01/status", b'{"state": "offline"}').value == denied
+    # nor announce entities or states in Home Assistant in its name
+    assert acked(cam2, "homeassistant/sensor/cam-01/x/config").value == denied
+    assert acked(cam2, "edged/cam-01/ha/lobby").value == denied
+    assert not acked(cam2, "homeassistant/sensor/cam-02/x/config", b"").is_failure
     # nor can a device command itself or feed itself OTA data, nor the backend forge a device's results
     assert acked(cam1, "edged/cam-01/cmd/ota", b'{"transfer": "x"}').value == denied
     assert acked(cam1, "edged/cam-01/ota/data", b"\x00\x02{}").value == denied
