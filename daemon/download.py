@@ -217,7 +217,9 @@ class Downloader:
             raise _Refused(f"{where}: HTTP {exc.code} {exc.reason}") from None
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, ssl.SSLCertVerificationError):
-                raise _Refused(f"{where}: TLS: {exc.reason.verify_message} (trusting {self._ca})") from None
+                raise _Refused(
+                    f"{where}: TLS: certificate verify failed: {exc.reason.verify_message} (trusting {self._ca})"
+                ) from None
             raise _Retry(f"{where}: {exc.reason}") from None
         except (OSError, http.client.HTTPException) as exc:
             raise _Retry(f"{where}: {type(exc).__name__}: {exc}") from None
@@ -228,7 +230,7 @@ class Downloader:
             while part.done < size and not self._stop.is_set():
                 want = min(BLOCK, skip if skip else size - part.done)
                 try:
-                    block = resp.read(want)
+                    block = resp.read1(want)  # what has arrived, up to `want`: progress and stops stay live
                 except (OSError, http.client.HTTPException) as exc:
                     raise _Retry(f"{where}: cut at byte {part.done}: {type(exc).__name__}: {exc}") from None
                 if not block:

@@ -500,7 +500,7 @@ class OtaReceiver:
                 last["status"] = now
 
         def on_retry(error: str, wait_s: float) -> None:
-            detail = {"file": name, "error": error[:300], "retry_in_s": round(wait_s, 1)}
+            detail = {"file": name, "at": part.done, "error": error[:300], "retry_in_s": round(wait_s, 1)}
             self.status(t.id, OtaState.DOWNLOADING, model=t.ref, done=others + part.done, total=t.total, detail=detail)
 
         try:
