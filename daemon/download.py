@@ -144,23 +144,22 @@ class Downloader:
 
     def fetch(
         self,
-        urls: list[str],
+        urls: Callable[[], list[str]],
         part: PartFile,
         on_bytes: Callable[[], None],
         on_retry: Callable[[str, float], None],
     ) -> None:
-        """Fill `part` up to its size; returns early only when stopping. `on_bytes` after each block written,
+        """Fill `part` up to its size from `urls()` (asked again before each try: the list may change), in
+        turn; returns early only when stopping. `on_bytes` after each block written,
         `on_retry(error, wait_s)` before each wait. EdgedError: download_failed (refused by every URL, or
         too many server errors), stalled (no byte for ``give_up_s``)."""
-        if not urls:
-            raise ValueError(f"{part.name}: no URL")
         backoff = Backoff(self.cfg.retry_s, max(self.cfg.retry_s, MAX_RETRY_S))
         refused: dict[str, str] = {}
         server_errors = 0
         last_byte = time.monotonic()
         i = 0
         while part.done < part.size and not self._stop.is_set():
-            live = [u for u in urls if u not in refused]
+            live = [u for u in urls() if u not in refused]
             if not live:
                 raise EdgedError("; ".join(refused.values()), code=Code.DOWNLOAD_FAILED)
             url = live[i % len(live)]

@@ -238,6 +238,8 @@ class OtaReceiver:
             for f, off, n in moved:
                 del self._wanted[(old, f, off)]
                 self._wanted[(t.id, f, off)] = n
+        if args.urls is not None:  # the newer offer's URLs, from the next try on (a mirror fixed, say)
+            t.urls = dict(args.urls)
         write_atomic(t.folder / "offer.json", offer_payload(args))  # a restart resumes under the new id
         logger.info("ota: transfer %s of %s joined by %s (a new offer of it)", old, t.ref, t.id)
         self.status(old, OtaState.JOINED, model=t.ref, done=t.have, total=t.total, by=t.id)
@@ -474,7 +476,10 @@ class OtaReceiver:
                 f"urls must name every file of the manifest and no other: missing {missing}, unknown {unknown}",
             )
         if self._http is None:
-            self._http = Downloader(self.cfg, self._stop)
+            try:
+                self._http = Downloader(self.cfg, self._stop)
+            except EdgedError as exc:  # ota.http_ca_file unreadable or not PEM
+                raise CommandError(exc.code, str(exc)) from exc
 
     def _fetch_url(self, t: Transfer, name: str, size: int, sha256: str) -> None:
         """Download one file from its URLs into ``<name>.part`` (`Downloader`: resumed from the bytes held),
@@ -504,7 +509,7 @@ class OtaReceiver:
             self.status(t.id, OtaState.DOWNLOADING, model=t.ref, done=others + part.done, total=t.total, detail=detail)
 
         try:
-            self._http.fetch(t.urls[name], part, on_bytes, on_retry)
+            self._http.fetch(lambda: t.urls[name], part, on_bytes, on_retry)  # a join may bring new URLs
             if part.done < size:
                 return  # stopping: what arrived is kept for a resume
             self._finish(t, part, sha256)

@@ -62,6 +62,7 @@ http {{
         {ssl}
         root {root};
         limit_rate {limit_rate};
+        location /broken/ {{ return 503; }}
     }}
 }}
 """
@@ -226,7 +227,7 @@ def test_a_corrupt_byte_and_a_404_on_the_mirror_fail_clearly_and_keep_the_runnin
 
 
 def downloader(**cfg: Any) -> Downloader:
-    return Downloader(OtaConfig(retry_s=0.2, give_up_s=5, **cfg), threading.Event())
+    return Downloader(OtaConfig(**{"retry_s": 0.2, "give_up_s": 5, **cfg}), threading.Event())
 
 
 def fill(dl: Downloader, urls: list[str], stage: Path, size: int) -> tuple[PartFile, list[str]]:
@@ -234,7 +235,7 @@ def fill(dl: Downloader, urls: list[str], stage: Path, size: int) -> tuple[PartF
     part = PartFile(stage, "blob", size, 0)
     retries: list[str] = []
     try:
-        dl.fetch(urls, part, lambda: None, lambda err, wait_s: retries.append(err))
+        dl.fetch(lambda: urls, part, lambda: None, lambda err, wait_s: retries.append(err))
     finally:
         part.close()
     return part, retries
@@ -260,6 +261,13 @@ def test_the_bandwidth_cap_tls_verification_and_mirrors_in_turn(tmp_path: Path, 
     with pytest.raises(EdgedError, match="the server's file is 204800 bytes, the manifest says 204801") as e:
         fill(downloader(), [f"{web.url}/sha256/x"], tmp_path / "c", len(body) + 1)
     assert e.value.code == Code.DOWNLOAD_FAILED
+    # a server error is tried again, a bounded number of times; a dead server until give_up_s
+    with pytest.raises(EdgedError, match="HTTP 503 Service Temporarily Unavailable \\(3 times in a row\\)") as e:
+        fill(downloader(), [f"{web.url}/broken/x"], tmp_path / "f", len(body))
+    assert e.value.code == Code.DOWNLOAD_FAILED
+    with pytest.raises(EdgedError, match=r"no byte of blob for 1 s .*Connection refused") as e:
+        fill(downloader(give_up_s=1), [dead], tmp_path / "g", len(body))
+    assert e.value.code == Code.STALLED
     # TLS: trusted with ota.http_ca_file, refused against the system's CAs (no switch turns that off)
     pki = tmp_path / "pki"
     certs.make_ca(pki)
