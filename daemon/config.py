@@ -511,6 +511,7 @@ def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Confi
     mqtt = _resolve_mqtt(cfg.mqtt, fix)
     model = cfg.model.model_copy(update={"package": fix(cfg.model.package), "keys_dir": fix(cfg.model.keys_dir)})
     governor = cfg.governor.model_copy(update={"sysfs_root": fix(cfg.governor.sysfs_root)})
+    ota = cfg.ota.model_copy(update={"http_ca_file": fix(cfg.ota.http_ca_file)})
     cameras = [
         c.model_copy(
             update={
@@ -527,6 +528,7 @@ def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Confi
             "cameras": cameras,
             "state_dir": fix(cfg.state_dir),
             "governor": governor,
+            "ota": ota,
         }
     )
 

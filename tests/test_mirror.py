@@ -22,7 +22,7 @@ from edged.deploy import certs
 from edged.errors import Code, EdgedError
 from edged.models.demo import DemoAssets
 from edged.models.signing import SigningKey
-from tests.conftest import Broker, free_port, wait_until, write_config
+from tests.conftest import Broker, edged_cli, free_port, wait_until, write_config
 from tests.test_ota import MODEL, build, device_doc, install, push, start_push, wait_results
 
 NGINX = Path("/usr/sbin/nginx")
@@ -278,3 +278,37 @@ def test_the_bandwidth_cap_tls_verification_and_mirrors_in_turn(tmp_path: Path, 
     with pytest.raises(EdgedError, match=r"certificate verify failed.*trusting the system's CAs") as e:
         fill(downloader(), [f"{tls.url}/sha256/x"], tmp_path / "e", len(body))
     assert e.value.code == Code.DOWNLOAD_FAILED
+
+
+def test_the_mirror_layout_is_content_addressed_and_rewritten_only_when_wrong(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey
+) -> None:
+    from edged.deploy.mirror import Mirror, stage, write
+    from edged.models.package import open_package
+    from edged.protocol.ota import OfferArgs
+
+    tar = build(demo, tmp_path, signer, 3)
+    lines = stage(tar, tmp_path / "m", "https://cdn.example/edged/")
+    model = demo.packages[MODEL].model_path
+    assert f"model.onnx\thttps://cdn.example/edged/{blob(model)}" in lines and len(lines) == 2
+    served = tmp_path / "m" / blob(model)
+    assert served.read_bytes() == model.read_bytes()
+    (tmp_path / "scratch").mkdir()
+    pkg = open_package(tar, scratch=tmp_path / "scratch")
+    files = {name: pkg.root / name for name in pkg.manifest.files}
+    assert write(tmp_path / "m", pkg.manifest, files) == 0  # already there, hashes checked
+    served.write_bytes(b"x" * served.stat().st_size)  # damaged on the mirror: written again
+    assert write(tmp_path / "m", pkg.manifest, files) == 1 and served.read_bytes() == model.read_bytes()
+    assert sorted(p.name for p in (tmp_path / "m" / "sha256").iterdir() if p.name.startswith(".")) == []
+    # where the URLs come from, and what an offer may carry
+    with pytest.raises(ValueError, match="needs --mirror-url BASE"):
+        Mirror(str(tmp_path / "m"))
+    with pytest.raises(ValueError, match="not an http:// or https:// URL"):
+        Mirror(str(tmp_path / "m"), "ftp://host/x")
+    urls = Mirror("https://cdn.example/edged/").urls(pkg.manifest)
+    assert urls["model.onnx"] == [f"https://cdn.example/edged/{blob(model)}"]
+    for bad in (["file:///etc/passwd"], ["http://"], ["https://a/b"] * 5, []):
+        with pytest.raises(ValueError):
+            OfferArgs(transfer="t", manifest="", sig="", urls={"model.onnx": bad})
+    r = edged_cli("push", str(tar), "--device", "cam-01", "--mirror", str(tmp_path / "m"))
+    assert r.returncode == 2 and "needs --mirror-url BASE" in r.stderr, r.stderr
