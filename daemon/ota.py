@@ -365,6 +365,8 @@ class OtaReceiver:
                 self.status(t.id, OtaState.VERIFYING, model=t.ref, done=t.total, total=t.total)
                 fsync_dir(t.stage)  # every file hashed and renamed to its name
                 pkg = self.store.adopt(t.offer, t.stage, detect())
+            if self._stop.is_set():  # a swap now would race the shutdown (seen: an abort at exit); a start resumes
+                return
             self.status(t.id, OtaState.INSTALLING, model=t.ref, done=t.total, total=t.total)
             if pkg is None:
                 self.status(t.id, OtaState.UNCHANGED, model=t.ref)
