@@ -59,6 +59,8 @@ class Mirror:
     check: bool = True  # HEAD each URL before the offer
 
     def __post_init__(self) -> None:
+        if not self.target:
+            raise ValueError("--mirror-url needs --mirror DIR (the directory it serves)")
         if is_url(self.target):
             if self.url is not None and self.url != self.target:
                 raise ValueError("--mirror URL takes no --mirror-url (the URL is where the files are)")

@@ -303,6 +303,8 @@ def test_the_mirror_layout_is_content_addressed_and_rewritten_only_when_wrong(
     # where the URLs come from, and what an offer may carry
     with pytest.raises(ValueError, match="needs --mirror-url BASE"):
         Mirror(str(tmp_path / "m"))
+    with pytest.raises(ValueError, match="needs --mirror DIR"):
+        Mirror("", "https://cdn.example/edged/")
     with pytest.raises(ValueError, match="not an http:// or https:// URL"):
         Mirror(str(tmp_path / "m"), "ftp://host/x")
     urls = Mirror("https://cdn.example/edged/").urls(pkg.manifest)
