@@ -33,6 +33,19 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     push.add_argument("--timeout", type=float, default=900.0, metavar="S", help="per wave (default 900)")
     push.add_argument("--discover-s", type=float, default=2.0, metavar="S", help="time to collect a group (2)")
+    push.add_argument(
+        "--mirror",
+        metavar="DIR_OR_URL",
+        help="devices download the files over HTTP(S) from a web server: a directory to write them into "
+        "(served at --mirror-url; without devices, only written), or the URL where they were uploaded "
+        "(layout: sha256/<hex>)",
+    )
+    push.add_argument("--mirror-url", metavar="BASE", help="the URL at which the web server serves the --mirror DIR")
+    push.add_argument(
+        "--no-mirror-check",
+        action="store_true",
+        help="do not HEAD each URL first (only the devices reach the web server)",
+    )
     push.add_argument("-c", "--config", type=Path, help="a config file whose mqtt section to use (TLS, credentials)")
     push.add_argument("--host", help="broker host (default: the config's, else 127.0.0.1)")
     push.add_argument("--port", type=int, help="broker port (default: the config's, else 1883)")
@@ -42,14 +55,34 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _push(args: argparse.Namespace) -> int:
     from edged.daemon.config import MqttConfig, load_mqtt_config
+    from edged.deploy.mirror import Mirror, is_url, stage
     from edged.deploy.push import run_push
 
     if not args.device and not args.group:
+        if args.mirror and not is_url(args.mirror):  # only onto the mirror: nothing offered
+            for line in stage(args.package, Path(args.mirror), args.mirror_url):
+                print(line)
+            return 0
         print("edged push: error: name the devices (--device ID, repeatable) or a --group", file=sys.stderr)
         return 2
+    mirror = None
+    if args.mirror or args.mirror_url:
+        try:
+            mirror = Mirror(args.mirror or "", args.mirror_url, check=not args.no_mirror_check)
+        except ValueError as exc:
+            print(f"edged push: error: {exc}", file=sys.stderr)
+            return 2
     mqtt_cfg = load_mqtt_config(args.config) if args.config else MqttConfig()
     update = {k: v for k, v in (("host", args.host), ("port", args.port), ("topic_prefix", args.prefix)) if v}
     mqtt_cfg = mqtt_cfg.model_copy(update=update)
     return run_push(
-        mqtt_cfg, args.package, args.device, args.group, args.canary, args.wait, args.timeout, args.discover_s
+        mqtt_cfg,
+        args.package,
+        args.device,
+        args.group,
+        args.canary,
+        args.wait,
+        args.timeout,
+        args.discover_s,
+        mirror=mirror,
     )

@@ -273,7 +273,21 @@ class OtaConfig(_Strict):
         5.0, gt=0, le=600, description="no chunk for this long (plus a jittered back-off): ask again from the last byte"
     )
     give_up_s: float = Field(
-        3600.0, gt=0, description="no chunk for this long: the transfer fails (stalled); what arrived is kept"
+        3600.0,
+        gt=0,
+        description="no chunk (or, downloading over HTTP(S), no byte) for this long: the transfer fails "
+        "(stalled); what arrived is kept",
+    )
+    http_rate_kib_s: float = Field(
+        0.0, ge=0, description="the most an HTTP(S) package download reads, KiB/s; 0: no cap"
+    )
+    http_ca_file: Path | None = Field(
+        None,
+        description="CA certificates (PEM) that HTTPS package downloads trust; unset: the system's. "
+        "Certificates are always verified",
+    )
+    http_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="an HTTP(S) download's connect and read timeout; then it retries"
     )
 
 
@@ -501,6 +515,7 @@ def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Confi
     mqtt = _resolve_mqtt(cfg.mqtt, fix)
     model = cfg.model.model_copy(update={"package": fix(cfg.model.package), "keys_dir": fix(cfg.model.keys_dir)})
     governor = cfg.governor.model_copy(update={"sysfs_root": fix(cfg.governor.sysfs_root)})
+    ota = cfg.ota.model_copy(update={"http_ca_file": fix(cfg.ota.http_ca_file)})
     cameras = [
         c.model_copy(
             update={
@@ -517,6 +532,7 @@ def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Confi
             "cameras": cameras,
             "state_dir": fix(cfg.state_dir),
             "governor": governor,
+            "ota": ota,
         }
     )
 

@@ -1,4 +1,6 @@
-"""Over-the-air model transfer, the device's side (DESIGN §6). MQTT carries all of it.
+"""Over-the-air model transfer, the device's side (DESIGN §6). MQTT carries all of it, or the offer
+over MQTT and the files over HTTP(S) from a web server when the offer names their ``urls``
+(`daemon.download`: Range resume, a bandwidth cap, TLS always verified, jittered retries).
 
     pusher ── cmd/ota {transfer, manifest, sig} ──> device: every manifest check first (store.check_offer)
     device ── ota/req {transfer, file, offset, length} ──> pusher       (a window of chunk requests)
@@ -42,7 +44,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import queue
 import shutil
 import threading
@@ -74,6 +75,7 @@ from edged.protocol.ota import (
 )
 
 from .config import OtaConfig
+from .download import Downloader, PartFile
 
 __all__ = [
     "MAX_OFFER_BYTES",
@@ -122,13 +124,14 @@ class _Chunk:
 class Transfer:
     """One offered package's download: its folder, its offer and its persisted progress."""
 
-    def __init__(self, folder: Path, transfer: str, offer: Offer) -> None:
+    def __init__(self, folder: Path, transfer: str, offer: Offer, urls: dict[str, list[str]] | None = None) -> None:
         self.folder = folder  # offer.json and progress.json: the record a restart resumes from
         self.stage = folder / "package"  # the files, then the package the store adopts and renames in
         self.id = transfer
         self.former: set[str] = set()  # ids this transfer ran under before a newer offer joined it
         self.offer = offer
         self.ref = ModelRef(offer.manifest.name, offer.manifest.version)
+        self.urls = urls or {}  # file name -> its URLs: downloaded over HTTP(S), not asked for in chunks
         self.progress: dict[str, int] = {}
         p = folder / "progress.json"
         if p.exists():
@@ -181,6 +184,7 @@ class OtaReceiver:
         self.dropped_bytes = 0
         self._dropped_logged = (0.0, 0)  # (monotonic time, dropped_chunks) of the last log line
         self.completed = 0
+        self._http: Downloader | None = None  # made at the first offer with URLs (TLS settings checked then)
 
     @property
     def max_message_bytes(self) -> int:
@@ -198,6 +202,7 @@ class OtaReceiver:
             self._installer.rejected(None, exc, args.transfer)
             raise CommandError(exc.code, str(exc)) from exc
         ref = ModelRef(offer.manifest.name, offer.manifest.version)
+        self._check_urls(args, set(offer.manifest.files))
         if offer.same_version:
             self.status(args.transfer, OtaState.UNCHANGED, model=ref)
             return {"state": OtaState.UNCHANGED, "model": ref.doc()}
@@ -218,7 +223,7 @@ class OtaReceiver:
                     shutil.rmtree(other, ignore_errors=True)  # one transfer at a time: an older offer is dropped
             folder.mkdir(parents=True, exist_ok=True)
             write_atomic(folder / "offer.json", offer_payload(args))
-            t = Transfer(folder, args.transfer, offer)
+            t = Transfer(folder, args.transfer, offer, args.urls)
             self._start(t)
             return self._accepted(t)
 
@@ -233,6 +238,8 @@ class OtaReceiver:
             for f, off, n in moved:
                 del self._wanted[(old, f, off)]
                 self._wanted[(t.id, f, off)] = n
+        if args.urls is not None:  # the newer offer's URLs, from the next try on (a mirror fixed, say)
+            t.urls = dict(args.urls)
         write_atomic(t.folder / "offer.json", offer_payload(args))  # a restart resumes under the new id
         logger.info("ota: transfer %s of %s joined by %s (a new offer of it)", old, t.ref, t.id)
         self.status(old, OtaState.JOINED, model=t.ref, done=t.have, total=t.total, by=t.id)
@@ -268,7 +275,7 @@ class OtaReceiver:
             if offer.same_version:
                 shutil.rmtree(folder, ignore_errors=True)
                 continue
-            t = Transfer(folder, args.transfer, offer)
+            t = Transfer(folder, args.transfer, offer, args.urls)
             logger.info("ota: resuming transfer %s of %s at %d of %d bytes", t.id, t.ref, t.have, t.total)
             with self._lock:
                 self._start(t)
@@ -351,12 +358,15 @@ class OtaReceiver:
                 t.stage.mkdir(parents=True, exist_ok=True)
                 for name in sorted(m.files):
                     entry = m.files[name]
-                    self._fetch(t, name, entry.size, entry.sha256)
+                    fetch = self._fetch_url if t.urls else self._fetch
+                    fetch(t, name, entry.size, entry.sha256)
                     if self._stop.is_set():
                         return
                 self.status(t.id, OtaState.VERIFYING, model=t.ref, done=t.total, total=t.total)
                 fsync_dir(t.stage)  # every file hashed and renamed to its name
                 pkg = self.store.adopt(t.offer, t.stage, detect())
+            if self._stop.is_set():  # a swap now would race the shutdown (seen: an abort at exit); a start resumes
+                return
             self.status(t.id, OtaState.INSTALLING, model=t.ref, done=t.total, total=t.total)
             if pkg is None:
                 self.status(t.id, OtaState.UNCHANGED, model=t.ref)
@@ -368,7 +378,8 @@ class OtaReceiver:
             shutil.rmtree(t.folder, ignore_errors=True)
         except EdgedError as exc:
             logger.error("ota: transfer %s of %s refused: %s", t.id, t.ref, exc)
-            stalled = exc.code == Code.STALLED  # what arrived is kept: the same package offered again resumes
+            # what arrived is kept: the same package offered again resumes
+            stalled = exc.code in (Code.STALLED, Code.DOWNLOAD_FAILED)
             self.status(t.id, OtaState.FAILED if stalled else OtaState.REJECTED, model=t.ref, error=exc)
             if not swapping:
                 self._installer.rejected(t.ref, exc, t.id)
@@ -382,30 +393,17 @@ class OtaReceiver:
     def _fetch(self, t: Transfer, name: str, size: int, sha256: str) -> None:
         """Download one file into ``<name>.part``, hashing each chunk as it is written (in order), and rename
         it to its name only when its sha256 is the signed manifest's: the file is never read again here."""
-        part, final = t.stage / f"{name}.part", t.stage / name
-        if final.exists():  # hashed and renamed by a run that stopped before installing
-            os.replace(final, part)
-        fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o600)
+        part = PartFile(t.stage, name, size, t.progress.get(name, 0))
         try:
-            done = min(t.progress.get(name, 0), size, os.fstat(fd).st_size)
-            os.ftruncate(fd, done)  # bytes past the last persisted offset may be torn: fetch them again
-            digest = hashlib.sha256()
-            kept = 0
-            while kept < done:  # a resume: the bytes kept count too (the only time a file is read back)
-                block = os.pread(fd, min(1 << 20, done - kept), kept)
-                if not block:
-                    raise EdgedError(f"{part}: shorter than the {done} bytes recorded", code=Code.FAILED)
-                digest.update(block)
-                kept += len(block)
             chunk_bytes = self.cfg.chunk_kb * 1024
             asked: dict[int, int] = {}  # offset -> length, in flight
-            next_off = done
+            next_off = part.done
             last_data = last_ask = time.monotonic()
             reask = Backoff(self.cfg.retry_s, max(self.cfg.retry_s, MAX_REASK_S))
             quiet_s = self.cfg.retry_s + reask.next_s()  # jittered: a fleet offered together asks again apart
             since_save = 0
             last_status = 0.0
-            while done < size and not self._stop.is_set():
+            while part.done < size and not self._stop.is_set():
                 while len(asked) < self.cfg.window and next_off < size:
                     n = min(chunk_bytes, size - next_off)
                     self._ask(t, name, next_off, n)
@@ -427,49 +425,100 @@ class OtaReceiver:
                         quiet_s = self.cfg.retry_s + reask.next_s()
                         asked.clear()
                         self._forget()
-                        next_off = done
+                        next_off = part.done
                     continue
                 ours = c.transfer == t.id or c.transfer in t.former  # accepted before a newer offer joined
-                if not ours or c.file != name or c.offset != done or c.offset not in asked:
+                if not ours or c.file != name or c.offset != part.done or c.offset not in asked:
                     continue  # a duplicate, a stale answer, another transfer's chunk
                 if len(c.data) != asked[c.offset] or c.offset + len(c.data) > size:
                     asked.clear()  # the wrong length (on_data counted it): ask again from here
                     self._forget()
-                    next_off = done
+                    next_off = part.done
                     continue  # never written: only the bytes asked for, inside the declared size
-                os.pwrite(fd, c.data, c.offset)
-                digest.update(c.data)  # in order: chunks are written only at `done`
+                part.write(c.data)  # in order: chunks are written only at `done`
                 del asked[c.offset]
-                done += len(c.data)
                 since_save += len(c.data)
                 last_data = time.monotonic()
                 if reask.failures > 1:  # answered again after asking again: back to the first step
                     reask.reset()
                     quiet_s = self.cfg.retry_s + reask.next_s()
-                if since_save >= PROGRESS_EVERY or done == size:
-                    os.fsync(fd)
-                    t.progress[name] = done
+                if since_save >= PROGRESS_EVERY or part.done == size:
+                    t.progress[name] = part.sync()
                     t.save()
                     since_save = 0
-                if last_data - last_status >= 0.5 or done == size:
+                if last_data - last_status >= 0.5 or part.done == size:
                     self.status(t.id, OtaState.DOWNLOADING, model=t.ref, done=t.have, total=t.total)
                     last_status = last_data
-            if done < size:
+            if part.done < size:
                 return  # stopping: what arrived is kept for a resume
-            if digest.hexdigest() != sha256:
-                part.unlink()
-                t.progress.pop(name, None)
-                t.save()
-                raise PackageError(
-                    f"{t.ref}: {name}: sha256 does not match the manifest (corrupt or tampered in transit); the "
-                    "file is discarded",
-                    code=Code.HASH_MISMATCH,
-                )
-            os.fsync(fd)
-            os.replace(part, final)
+            self._finish(t, part, sha256)
         finally:
             self._forget()
-            os.close(fd)
+            part.close()
+
+    def _finish(self, t: Transfer, part: PartFile, sha256: str) -> None:
+        """The whole file: renamed to its name when its hash is the manifest's, else discarded (PackageError)."""
+        try:
+            part.finish(sha256, str(t.ref))
+        except PackageError:
+            t.progress.pop(part.name, None)
+            t.save()
+            raise
+
+    # ---- files over HTTP(S) (the offer named their URLs) -------------------------------------
+    def _check_urls(self, args: OfferArgs, files: set[str]) -> None:
+        """An offer with URLs names every file of its manifest and no other; TLS settings that do not load
+        refuse it (the operator's mistake, said at once rather than at the first download)."""
+        if args.urls is None:
+            return
+        missing, unknown = sorted(files - set(args.urls)), sorted(set(args.urls) - files)
+        if missing or unknown:
+            raise CommandError(
+                Code.INVALID_ARGUMENTS,
+                f"urls must name every file of the manifest and no other: missing {missing}, unknown {unknown}",
+            )
+        if self._http is None:
+            try:
+                self._http = Downloader(self.cfg, self._stop)
+            except EdgedError as exc:  # ota.http_ca_file unreadable or not PEM
+                raise CommandError(exc.code, str(exc)) from exc
+
+    def _fetch_url(self, t: Transfer, name: str, size: int, sha256: str) -> None:
+        """Download one file from its URLs into ``<name>.part`` (`Downloader`: resumed from the bytes held),
+        fsynced and recorded every MiB or second, so a restart resumes near where it stopped; reported on
+        ota/status like chunks, each retry with its error."""
+        if self._http is None:  # a transfer resumed at start
+            self._http = Downloader(self.cfg, self._stop)
+        part = PartFile(t.stage, name, size, t.progress.get(name, 0))
+        others = t.have - min(t.progress.get(name, 0), size)
+        last = {"saved": time.monotonic(), "status": 0.0}
+
+        def record() -> None:
+            t.progress[name] = part.sync()
+            t.save()
+            last["saved"] = time.monotonic()
+
+        def on_bytes() -> None:
+            now = time.monotonic()
+            if part.done - part.synced >= PROGRESS_EVERY or now - last["saved"] >= 1.0 or part.done == size:
+                record()
+            if now - last["status"] >= 0.5 or part.done == size:
+                self.status(t.id, OtaState.DOWNLOADING, model=t.ref, done=others + part.done, total=t.total)
+                last["status"] = now
+
+        def on_retry(error: str, wait_s: float) -> None:
+            detail = {"file": name, "at": part.done, "error": error[:300], "retry_in_s": round(wait_s, 1)}
+            self.status(t.id, OtaState.DOWNLOADING, model=t.ref, done=others + part.done, total=t.total, detail=detail)
+
+        try:
+            self._http.fetch(lambda: t.urls[name], part, on_bytes, on_retry)  # a join may bring new URLs
+            if part.done < size:
+                return  # stopping: what arrived is kept for a resume
+            self._finish(t, part, sha256)
+        finally:
+            if part.path.exists() and part.done > part.synced:
+                record()  # stopping or failed: a restart resumes from every byte held
+            part.close()
 
     def _ask(self, t: Transfer, name: str, offset: int, length: int) -> None:
         with self._want_lock:  # the id read under the lock: a join moves what is in _wanted and asks it again

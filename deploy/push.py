@@ -20,6 +20,9 @@ A group (``--group G``) is the devices whose retained ``…/status`` lists G amo
 ones are reported and skipped. ``--canary N`` pushes to N devices first and waits until they commit
 (probation passed); if any of them rejects, fails or rolls back, the rest are left untouched.
 
+With ``--mirror`` (`edged.deploy.mirror`) the offer names where the files are on a web server and the
+devices download them from there over HTTP(S); the pusher then serves no bytes itself.
+
 Exit status: 0 when every device succeeded, 1 when any did not (each is reported), 2 for usage.
 """
 
@@ -47,6 +50,8 @@ from edged.models.storefiles import read_head
 from edged.protocol import topics
 from edged.protocol.client import MqttSettings, make_client, reconnect_backoff
 from edged.protocol.ota import OtaState, chunk, offer_args, offer_payload
+
+from .mirror import Mirror
 
 MAX_CHUNK = 4 << 20  # the most a device may ask for at once
 RECONNECT_MAX_S = 5.0  # the pusher's reconnect waits: full jitter up to this
@@ -117,6 +122,10 @@ class Pusher:
     @property
     def ref(self) -> str:
         return f"{self.manifest.name}@{self.manifest.version}"
+
+    def use_urls(self, urls: dict[str, list[str]]) -> None:
+        """Offer the files at these URLs (``--mirror``): devices download them over HTTP(S), not from us."""
+        self.offer = offer_payload(offer_args(self.transfer, self.manifest_bytes, self.sig_bytes, urls))
 
     # ---- connection ------------------------------------------------------------------------
     def connect(self, timeout_s: float = 15.0) -> None:
@@ -407,6 +416,7 @@ def run_push(
     timeout_s: float,
     discover_s: float = 2.0,
     out: TextIO = sys.stderr,
+    mirror: Mirror | None = None,
 ) -> int:
     pusher = Pusher(mqtt_cfg, package, out)
     print(
@@ -415,6 +425,8 @@ def run_push(
         file=out,
     )
     try:
+        if mirror is not None:  # before anything is offered: the files must be there
+            pusher.use_urls(mirror.prepare(pusher.manifest, pusher.files, out))
         pusher.connect()
         targets = list(dict.fromkeys(devices))
         offline: list[str] = []

@@ -1,6 +1,6 @@
 """Over-the-air transfer framing and states (DESIGN §6): what the pusher and the device exchange.
 
-    pusher ── cmd/ota {transfer, manifest, sig} ──> device         the offer (`OfferArgs`, base64 fields)
+    pusher ── cmd/ota {transfer, manifest, sig[, urls]} ──> device the offer (`OfferArgs`, base64 fields)
     device ── ota/req {transfer, file, offset, length} ──> pusher  a chunk request (`ChunkRequest`)
     pusher ── ota/data [2-byte header length][header JSON][bytes] ──> device   a chunk (`pack_chunk`)
     device ── ota/status {schema, transfer, state, ts, …} ──> pusher            progress (`status_doc`)
@@ -8,6 +8,11 @@
 A chunk's header is a JSON object with ``transfer``, ``file`` and ``offset`` (its `chunk_key`); the
 data follows it. Anything else on ota/data is malformed (`ProtocolError`, code ``malformed``) and is
 dropped on arrival. States of a transfer are `OtaState`.
+
+An offer with ``urls`` (file name -> one or more http(s) URLs, tried in order) has the device download
+each file over HTTP(S) from a web server, CDN or S3-compatible store instead of asking for chunks; the
+sizes and sha256s are the signed manifest's, so a URL, which is not signed, can make a download fail but
+never make the device take bytes the manifest does not name.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import struct
 import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,6 +36,11 @@ from .schemas import OTA_SCHEMA
 MAX_OFFER_BYTES = 512 * 1024  # a base64 manifest of up to 256 KiB and its signature
 MAX_HEADER_BYTES = 0xFFFF  # a chunk header's length is two bytes
 TRANSFER_ID = r"^[A-Za-z0-9_-]{1,64}$"
+MAX_URLS_PER_FILE = 4  # mirrors of one file, tried in order
+MAX_URL_CHARS = 2048
+HTTP_URL = r"^https?://[^\s/]+[^\s]*$"  # http or https, a host, no whitespace
+
+Url = Annotated[str, Field(pattern=HTTP_URL, max_length=MAX_URL_CHARS)]
 
 
 class OtaState(str, Enum):
@@ -66,12 +76,15 @@ class ModelRef:
 
 
 class OfferArgs(BaseModel):
-    """The ``cmd/ota`` arguments: base64 of the exact manifest.json bytes and of manifest.sig."""
+    """The ``cmd/ota`` arguments: base64 of the exact manifest.json bytes and of manifest.sig; `urls`, where
+    the files are on a web server (every file of the manifest, else the offer is refused), or None for
+    chunks over MQTT."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     transfer: str = Field(pattern=TRANSFER_ID)
     manifest: str
     sig: str
+    urls: dict[str, Annotated[list[Url], Field(min_length=1, max_length=MAX_URLS_PER_FILE)]] | None = None
 
     def decode(self) -> tuple[bytes, bytes]:
         """(manifest bytes, signature bytes); CommandError(invalid_arguments) when either is not base64."""
@@ -81,15 +94,21 @@ class OfferArgs(BaseModel):
             raise CommandError(Code.INVALID_ARGUMENTS, f"manifest/sig must be base64: {exc}") from exc
 
 
-def offer_args(transfer: str, manifest: bytes, sig: bytes) -> OfferArgs:
+def offer_args(transfer: str, manifest: bytes, sig: bytes, urls: dict[str, list[str]] | None = None) -> OfferArgs:
     return OfferArgs(
-        transfer=transfer, manifest=base64.b64encode(manifest).decode(), sig=base64.b64encode(sig).decode()
+        transfer=transfer,
+        manifest=base64.b64encode(manifest).decode(),
+        sig=base64.b64encode(sig).decode(),
+        urls=urls,
     )
 
 
 def offer_payload(args: OfferArgs) -> bytes:
     """The ``cmd/ota`` payload (also what a device persists to resume a transfer)."""
-    return json.dumps({"transfer": args.transfer, "manifest": args.manifest, "sig": args.sig}).encode()
+    doc: dict[str, Any] = {"transfer": args.transfer, "manifest": args.manifest, "sig": args.sig}
+    if args.urls is not None:
+        doc["urls"] = args.urls
+    return json.dumps(doc).encode()
 
 
 class ChunkRequest(BaseModel):

@@ -27,6 +27,24 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # Debian's mosquitto package may start a system broker; ours run on their own ports, so leave it be.
 
+# nginx for the tests of package downloads over HTTP (tests/test_mirror.py start their own, on 127.0.0.1
+# with a config in a temporary folder). Installed with a policy-rc.d that forbids starting services, so
+# Debian's package starts no system nginx; one already there (a container's) is kept as it is.
+if ! [ -x /usr/sbin/nginx ]; then
+  echo "setup: installing nginx-light (no service started)"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  own_policy=""
+  if ! [ -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
+    $sudo chmod +x /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends nginx-light >/dev/null || rc=$?
+  [ -z "$own_policy" ] || $sudo rm -f /usr/sbin/policy-rc.d
+  [ "${rc:-0}" = 0 ] || exit "$rc"
+fi
+
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
