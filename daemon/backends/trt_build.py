@@ -182,20 +182,23 @@ def cached_engine(
     onnx_file: Path,
     input_name: str,
     input_shape: tuple[int, ...],
-    precision: Precision,
+    precision: Precision | None,
     cache_dir: Path,
     progress: Callable[[str], None] | None = None,
     modules: TrtModules | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """`model.build_on_device`: the engine for this ONNX model on this device, built on first use.
 
-    Cached under a key of model hash + TensorRT version + compute capability + precision + batch, so
-    a TensorRT upgrade or another GPU builds anew and never loads a stale plan."""
+    `precision` None: what the model is, as `build_engine` picks it (the model's own precision from
+    TensorRT 10.12, strongly typed; int8 for a Q/DQ model and fp16 for a float one before). Cached under a
+    key of model hash + TensorRT version + compute capability + precision + batch, so a TensorRT upgrade or
+    another GPU builds anew and never loads a stale plan."""
     m = modules or load_modules()
     try:
         facts = device_facts(m)
     except (m.cuda.Error, RuntimeError, TypeError) as exc:
         raise translate(exc, "cannot build an engine on this device", BackendError) from exc
+    precision = precision or TrtApi(m.trt).default_precision(onnx_precision(onnx_file))
     h = hashlib.sha256()
     with onnx_file.open("rb") as f:
         while chunk := f.read(1 << 20):
