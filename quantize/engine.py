@@ -107,6 +107,7 @@ def build_engine_package(
                 "onnx_sha256": sha256_file(src.model),
                 "build_seconds": round(built.seconds, 1),
                 "builder": {**opts.record(), "workspace_mb": workspace_mb},
+                **({"dla": built.dla} if built.dla is not None else {}),
             },
         )
         pkg = publish_package(out, fields, files)

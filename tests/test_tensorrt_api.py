@@ -196,6 +196,8 @@ OBJECTS = {
     "engine": "ICudaEngine",
     "context": "IExecutionContext",
     "flags": "NetworkDefinitionCreationFlag",
+    "layer": "ILayer",
+    "inspector": "EngineInspector",
 }
 TRT_ROOTS = ("trt", "self.trt", "api.trt")
 

@@ -26,6 +26,7 @@ all of them, ``optional`` only where ``TrtApi`` looks before it uses it.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -89,6 +90,14 @@ TRT_API: dict[str, tuple[str, ...]] = {
         "IExecutionContext.set_tensor_address",
         "IExecutionContext.execute_async_v3",
         "nptype",
+        # a DLA build's record (8.2+): where the builder places each layer, the engine's layers as built
+        "INetworkDefinition.num_layers",
+        "INetworkDefinition.get_layer",
+        "ILayer.name",
+        "IBuilderConfig.can_run_on_DLA",
+        "ICudaEngine.create_engine_inspector",
+        "EngineInspector.get_engine_information",
+        "LayerInformationFormat.JSON",
     ),
     "optional": (
         "NetworkDefinitionCreationFlag.EXPLICIT_BATCH",  # 8.6 needs it; gone in 11
@@ -269,6 +278,33 @@ class TrtApi:
             if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
                 raise BackendError("TensorRT cannot create a timing cache")
         return cache
+
+    def dla_placement(self, network: Any, config: Any) -> tuple[list[str], list[str]]:
+        """The network's layers the builder places on DLA, and those it leaves to the GPU (fallback), asked
+        once the config targets DLA (IBuilderConfig.can_run_on_DLA): TensorRT's answer before the build."""
+        on_dla: list[str] = []
+        on_gpu: list[str] = []
+        for i in range(network.num_layers):
+            layer = network.get_layer(i)
+            (on_dla if config.can_run_on_DLA(layer) else on_gpu).append(str(layer.name))
+        return on_dla, on_gpu
+
+    def engine_layers(self, engine: Any) -> list[str] | None:
+        """The built engine's layers as TensorRT's engine inspector names them (fused; a DLA subgraph is one
+        layer), or None where the inspector gives nothing readable."""
+        inspector = engine.create_engine_inspector()
+        if inspector is None:
+            return None
+        try:
+            info = json.loads(inspector.get_engine_information(self.trt.LayerInformationFormat.JSON))
+        except (TypeError, ValueError) as exc:
+            logger.warning("the engine inspector's layer information is not readable: %s", exc)
+            return None
+        layers = info.get("Layers") if isinstance(info, dict) else None
+        if not isinstance(layers, list):
+            return None
+        # names only by default (ProfilingVerbosity.LAYER_NAMES_ONLY); a dict with "Name" when detailed
+        return [str(x.get("Name", "")) if isinstance(x, dict) else str(x) for x in layers]
 
     # ---- loading --------------------------------------------------------------------------
     def device_memory(self, engine: Any) -> int:
