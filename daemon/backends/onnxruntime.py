@@ -6,6 +6,7 @@ unavailable: <reason>" instead of an ImportError at import time.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import TracebackType
 
@@ -15,6 +16,8 @@ from edged.errors import BackendError, EngineLoadError, InferenceError
 from edged.models.footprint import activation_bytes
 
 from .base import TensorInfo
+
+logger = logging.getLogger(__name__)
 
 _ORT_TYPES = {
     "tensor(float)": "float32",
@@ -73,7 +76,8 @@ class OnnxRuntimeBackend:
         self._model_bytes = model.stat().st_size
         try:
             self._arena_bytes = int(activation_bytes(model) * ARENA_FACTOR)
-        except EngineLoadError:  # a graph the planner cannot read (ONNX Runtime could): count what is known
+        except EngineLoadError as exc:  # a graph the planner cannot read (ONNX Runtime could): count what is known
+            logger.warning("%s: its arena is not counted in its memory figure: %s", model, exc)
             self._arena_bytes = 0
         self._inputs = [self._info(i) for i in self._session.get_inputs()]
         self._outputs = [self._info(o) for o in self._session.get_outputs()]
