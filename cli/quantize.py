@@ -82,7 +82,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     be.add_argument(
         "--precision",
         choices=("fp16", "int8", "fp32"),
-        help="default: int8 for QDQ models, else fp16 (TensorRT 11: the model's own precision)",
+        help="default: the model's own precision on TensorRT >= 10.12 (strongly typed), before: int8 for QDQ "
+        "models, else fp16",
     )
     be.add_argument("--workspace-mb", type=int, default=1024, help="builder workspace pool limit (1024)")
     be.add_argument("--timing-cache", type=Path, help="read and update this timing cache (faster rebuilds)")

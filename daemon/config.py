@@ -204,7 +204,9 @@ class ModelConfig(_Strict):
         False, description="an ONNX package on a device with TensorRT: build an engine once, cache it, run it"
     )
     build_precision: Literal["fp16", "int8", "fp32"] | None = Field(
-        None, description="precision for build_on_device; none: int8 for QDQ models, else fp16"
+        None,
+        description="precision for build_on_device; none: what the model is (its own precision on TensorRT "
+        ">= 10.12, strongly typed; before: int8 for QDQ models, else fp16)",
     )
 
     @model_validator(mode="after")

@@ -89,7 +89,8 @@ def open_package_backend(cfg: Config, pkg: Package) -> Backend:
             logger.info("%s", msg)
             notify("EXTEND_TIMEOUT_USEC=120000000")  # a build takes minutes; keep systemd's start timeout away
 
-        precision = cfg.model.build_precision or ("int8" if m.precision == "int8" else "fp16")
+        # none configured: the builder picks what the model is (its own precision on a strongly typed TensorRT)
+        precision = cfg.model.build_precision
         notify("STATUS=building a TensorRT engine for this device (first start only)")
         engine, compatibility = cached_engine(
             pkg.model_path, m.input.name, tuple(m.input.shape), precision, cfg.state_dir / "engines", progress

@@ -122,10 +122,12 @@ def activation_mb(pkg: Package) -> float:
 
 def estimate_mb(pkg: Package) -> float:
     """A model's memory before it is loaded (what admit() and plan_swap() count): its file, one batch of input
-    and its working memory (activation_mb), which grows with the batch."""
+    and its working memory (activation_mb), which grows with the batch. An engine whose manifest records its
+    `device_memory_bytes` counts that instead of its file: the record already holds the weights (the plan)."""
     spec = pkg.manifest.input
     io = int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
-    return (pkg.model_path.stat().st_size + io) / 2**20 + activation_mb(pkg)
+    weights = 0 if pkg.manifest.kind == "engine" and activation_mb(pkg) > 0 else pkg.model_path.stat().st_size
+    return (weights + io) / 2**20 + activation_mb(pkg)
 
 
 @dataclass

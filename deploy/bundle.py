@@ -5,8 +5,11 @@
                                 signed like model packages
       SHA256SUMS                the same hashes for `sha256sum -c` (install.sh checks them first)
       install.sh  firstboot.sh  the installer (see install.sh --help)
-      wheels/                   edged and its dependencies for the target's Python and CPU
+      wheels/                   edged and its dependencies for the target's Python and CPU, plus what
+                                check/gpu-check.sh installs besides (pytest and its plugins)
       requirements.txt          what install.sh installs from wheels/
+      check/                    scripts/gpu-check.sh with the tests it runs: the TensorRT checks on the
+                                device, offline, from this bundle alone (plus the demo assets)
       systemd/                  the units, the per-L4T device drop-ins, sysusers.d, tmpfiles.d
       docs/                     the man page edged.1 and the operator guide (the unit's Documentation=)
       config/edged.yaml         the default device config (kept on upgrades)
@@ -71,6 +74,17 @@ JETSON_NUMPY = "numpy>=1.24,<2"
 PYCUDA = "pycuda>=2024.1"
 BUILD_LEFTOVERS = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".demo", ".*_cache")  # not in a wheel
 PYCUDA_SUPPORT = ("setuptools>=68", "wheel", "pytools>=2011.2", "platformdirs>=2.2.0", "mako")
+# what scripts/gpu-check.sh installs besides edged[tensorrt] (its CHECK_REQS): the bundle carries them, so the
+# check runs offline on the device; install.sh never installs them
+GPU_CHECK = ("pytest>=8", "pytest-timeout>=2.2", "pytest-xdist>=3.5")
+# the check's files, from the source checkout, under check/ (the tests' conftest finds its root one level up)
+GPU_CHECK_FILES = (
+    "scripts/gpu-check.sh",
+    "pyproject.toml",
+    "tests/__init__.py",
+    "tests/conftest.py",
+    "tests/test_tensorrt.py",
+)
 Machine = Literal["aarch64", "x86_64"]
 
 
@@ -140,6 +154,10 @@ def build_bundle(
             dst = root / "systemd" / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(REPO / "systemd" / rel, dst)
+        for rel in GPU_CHECK_FILES:  # gpu-check.sh lies at check/ itself, not check/scripts/
+            dst = root / "check" / (Path(rel).name if rel.startswith("scripts/") else rel)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(REPO / rel, dst)
         (root / "docs").mkdir()
         for rel in ("edged.1", "operator.md"):  # man edged; the unit's Documentation=
             shutil.copy(REPO / "docs" / rel, root / "docs" / rel)
@@ -223,13 +241,13 @@ def _wheels(
         _run([*pip, "wheel", "--no-deps", "-q", "-w", str(dest), str(clean_source(REPO, Path(tmp) / "src"))])
     if target == "host":
         say(f"collecting wheels for this machine's Python {sys.version_info.major}.{sys.version_info.minor}")
-        _run([*pip, "wheel", "-q", "-w", str(dest), *extra, *reqs])
+        _run([*pip, "wheel", "-q", "-w", str(dest), *extra, *reqs, *GPU_CHECK])
         return
     say(f"downloading {machine} / CPython 3.10 wheels for JetPack 6 (numpy < 2, no pip OpenCV)")
     plats = [a for p in JETSON_MANYLINUX for a in ("--platform", f"{p}_{machine}")]
     cp310 = ["--python-version", "3.10", "--implementation", "cp", "--abi", "cp310", "--abi", "abi3", "--abi", "none"]
     binary = [*pip, "download", "-q", "--only-binary=:all:", *plats, *cp310, "-d", str(dest), *extra]
-    _run([*binary, *reqs, *PYCUDA_SUPPORT])
+    _run([*binary, *reqs, *PYCUDA_SUPPORT, *GPU_CHECK])
     if wheelhouse and any(wheelhouse.glob(f"pycuda-*{machine}*.whl")):
         say("pycuda: the prebuilt wheel from --wheelhouse")
         _run([*binary, "--no-deps", PYCUDA])

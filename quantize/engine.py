@@ -50,8 +50,8 @@ def build_engine_package(
         tmp = Path(tmp_dir)
         src = load_source(model, spec, tmp)
         m = src.manifest
-        # what the user asked, else what the build would pick on TensorRT 8.6-10.x (on 11 the model's own,
-        # which build_engine resolves); calibration needs an explicit int8 for a float model
+        # what the user asked, else what the build would pick on TensorRT 8.6-10.11 (from 10.12 the model's own,
+        # strongly typed, which build_engine resolves); calibration needs an explicit int8 for a float model
         chosen: Precision = precision or ("int8" if m.precision == "int8" else "fp16")
         if dla_core is not None and precision == "fp32":
             raise QuantizeError(
@@ -107,6 +107,7 @@ def build_engine_package(
                 "onnx_sha256": sha256_file(src.model),
                 "build_seconds": round(built.seconds, 1),
                 "builder": {**opts.record(), "workspace_mb": workspace_mb},
+                **({"dla": built.dla} if built.dla is not None else {}),
             },
         )
         pkg = publish_package(out, fields, files)

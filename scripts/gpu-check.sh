@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The TensorRT checks in one command, on a machine with TensorRT and an NVIDIA GPU: a Jetson on
-# JetPack 5/6 (TensorRT and OpenCV from JetPack's system site-packages), or a GPU server with the
+# JetPack 6 (TensorRT and OpenCV from JetPack's system site-packages), or a GPU server with the
 # tensorrt wheel installed. Builds a venv that sees the system site-packages (.venv-gpu), installs
-# edged with [dev,tensorrt] (pycuda compiles against the CUDA toolkit on the device), runs
+# edged[tensorrt] (pycuda compiles against the CUDA toolkit on the device) and pytest with the two
+# plugins the tests' settings name (CHECK_REQS; nothing else of [dev]), runs
 # tests/test_tensorrt.py (engine build, TensorRT against ONNX Runtime, the compatibility refusal,
 # the daemon on an engine package). Prints a table; exits non-zero when any check fails or is
 # skipped (the one test of the no-TensorRT message is expected to skip here).
 #
-#     bash scripts/gpu-check.sh
+#     bash scripts/gpu-check.sh              from a source checkout
+#     bash edged-bundle/check/gpu-check.sh   from an unpacked bundle, offline: edged, pycuda's source and
+#                                            build deps and CHECK_REQS come from the bundle's wheels/
 #
 # Prerequisites (all missing ones are listed before anything is installed):
 #   Python >= 3.10 with venv (Jetson: JetPack 6; apt-get install python3-venv)
@@ -16,10 +19,21 @@
 #   pycuda, or what building it needs: CUDA's nvcc (/usr/local/cuda/bin is added to PATH), the Python
 #     headers (python3-dev), g++
 #   mosquitto; the demo assets (edged model fetch-demo: the internet once, or a copied ~/.cache/edged/demo)
-#   without the internet: EDGED_WHEELS=DIR with every wheel the venv needs (edged's, [dev]'s, pycuda's
-#     source and its build deps; a bundle's wheels/ plus the dev wheels), used with pip --no-index
+#   without the internet: run it from a jetson-jp6 bundle's check/ (its wheels/ carry everything the
+#     venv needs), or set EDGED_WHEELS=DIR with every wheel the venv needs (used with pip --no-index);
+#     an x86 host bundle carries no pycuda (no CUDA where it is built): give its wheel in EDGED_WHEELS
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# what the check installs besides edged[tensorrt]; edged bundles carry them (deploy/bundle.py GPU_CHECK)
+CHECK_REQS=("pytest>=8" "pytest-timeout>=2.2" "pytest-xdist>=3.5")
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BUNDLE=
+if [ -f "$here/../bundle.json" ]; then  # check/ of an unpacked bundle: edged from the bundle's wheels
+  BUNDLE=$(cd "$here/.." && pwd)
+  cd "$here" || exit 1
+  EDGED_WHEELS=${EDGED_WHEELS:-$BUNDLE/wheels}
+else  # a source checkout
+  cd "$here/.." || exit 1
+fi
 VENV=${EDGED_GPU_VENV:-.venv-gpu}
 [ -d /usr/local/cuda/bin ] && PATH=/usr/local/cuda/bin:$PATH
 missing=()
@@ -47,9 +61,18 @@ PIP=(-m pip install -q --disable-pip-version-check)
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv --system-site-packages "$VENV" || exit 1
 fi
-# shellcheck disable=SC2086
-"$VENV/bin/python" "${PIP[@]}" -e '.[dev,tensorrt]' ${EDGED_GPU_PIP:-} \
-  || { echo "gpu-check: installing edged[dev,tensorrt] ${EDGED_GPU_PIP:-} into $VENV failed (above)"; exit 1; }
+if [ -n "$BUNDLE" ]; then  # as edged-firstboot installs it: the bundle's requirements, then its edged wheel
+  pycuda=(pycuda)  # built from the bundle's source (its build deps are in wheels/) unless the system has it
+  "$VENV/bin/python" -c 'import pycuda' 2>/dev/null && pycuda=()
+  # shellcheck disable=SC2086
+  "$VENV/bin/python" "${PIP[@]}" -r "$BUNDLE/requirements.txt" "${CHECK_REQS[@]}" "${pycuda[@]}" ${EDGED_GPU_PIP:-} \
+    && "$VENV/bin/python" "${PIP[@]}" --no-deps --force-reinstall "$(ls "$BUNDLE"/wheels/edged-*.whl)" \
+    || { echo "gpu-check: installing the bundle's edged, ${CHECK_REQS[*]} ${pycuda[*]} into $VENV failed (above)"; exit 1; }
+else
+  # shellcheck disable=SC2086
+  "$VENV/bin/python" "${PIP[@]}" -e '.[tensorrt]' "${CHECK_REQS[@]}" ${EDGED_GPU_PIP:-} \
+    || { echo "gpu-check: installing edged[tensorrt] ${CHECK_REQS[*]} ${EDGED_GPU_PIP:-} into $VENV failed (above)"; exit 1; }
+fi
 "$VENV/bin/edged" model fetch-demo >/dev/null \
   || { echo "gpu-check: no demo assets (edged model fetch-demo needs the internet once; or copy ~/.cache/edged/demo)"; exit 1; }
 "$VENV/bin/edged" doctor || echo "gpu-check: edged doctor reports failures (above); the tests run anyway"
@@ -62,7 +85,10 @@ EOF
 ) || { echo "gpu-check: tensorrt/pycuda/GPU not usable here: $facts"; exit 1; }
 
 start=$(date +%s)
-"$VENV/bin/python" -m pytest -p no:cacheprovider -rA tests/test_tensorrt.py > /tmp/edged-gpu-check.log 2>&1
+# only the plugins the tests' settings name: the venv sees the system's site-packages, whose pytest plugins
+# (a pytest-benchmark, say) could otherwise break the run
+PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$VENV/bin/python" -m pytest -p xdist.plugin -p pytest_timeout \
+  -p no:cacheprovider -rA tests/test_tensorrt.py > /tmp/edged-gpu-check.log 2>&1
 rc=$?
 secs=$(( $(date +%s) - start ))
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import shlex
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -100,6 +103,38 @@ def test_jetson_bundle_has_aarch64_cp310_wheels_and_no_pip_opencv(jetson_bundle:
         "bundle.sig",
     ):
         assert f"edged-bundle/{part}" in names, part
+
+
+def test_the_bundle_carries_gpu_check_and_everything_it_installs(
+    jetson_bundle: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """scripts/gpu-check.sh runs offline from an unpacked bundle: check/ holds the script and the tests it runs,
+    and wheels/ resolves what the script installs there, as edged-firstboot does (requirements.txt, then the
+    edged wheel without deps), plus its CHECK_REQS (pycuda is built from its source there, checked above) for
+    the device's CPython 3.10 on aarch64, with no index and no other wheels."""
+    from edged.deploy.bundle import GPU_CHECK, JETSON_MANYLINUX
+
+    bundle, _ = jetson_bundle
+    with tarfile.open(bundle) as tar:
+        tar.extractall(tmp_path, filter="data")
+    root = tmp_path / "edged-bundle"
+    for rel in ("gpu-check.sh", "pyproject.toml", "tests/__init__.py", "tests/conftest.py", "tests/test_tensorrt.py"):
+        assert (root / "check" / rel).is_file(), rel
+    found = re.search(r"^CHECK_REQS=\((.*)\)$", (root / "check" / "gpu-check.sh").read_text(), re.M)
+    assert found and tuple(shlex.split(found.group(1))) == GPU_CHECK  # what the script installs, the bundle carries
+    plats = [a for p in JETSON_MANYLINUX for a in ("--platform", f"{p}_aarch64")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    pip = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--find-links", str(root / "wheels")]
+    device = ["--only-binary", ":all:", *plats, "--python-version", "3.10", "--implementation", "cp"]
+    r = subprocess.run(
+        [*pip, *device, "--target", str(tmp_path / "target"), "-r", str(root / "requirements.txt"), *GPU_CHECK],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "PIP_CONFIG_FILE": os.devnull},  # this machine's pip config adds its own wheel folders
+    )
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    assert re.search(r"Would install .*\bpytest-\d", r.stdout) and "pytest-xdist" in r.stdout, r.stdout[-1500:]
 
 
 def test_bundle_manifest_hashes_and_signature(jetson_bundle: tuple[Path, Path], tmp_path: Path) -> None:

@@ -131,7 +131,7 @@ def problems(report: dict[str, Any]) -> list[str]:
     for kind, result in report["subclasses"].items():
         if result not in ("no error", "absent"):
             out.append(f"edged's {kind} subclass: {result}")
-    for step in ("load", "build_fp16", "build_fp32", "build_default"):
+    for step in ("load", "build_fp16", "build_fp32", "build_default", "build_on_device"):
         if not report[step].startswith(("EngineLoadError", "BackendError")):
             out.append(f"{step}: {report[step]}")
     return out
@@ -140,16 +140,20 @@ def problems(report: dict[str, Any]) -> list[str]:
 def check_version(label: str, tmp: Path, onnx: Path) -> dict[str, Any]:
     report = probe(label, tmp, onnx)
     assert problems(report) == [], (label, report)
-    major = int(report["version"].split(".")[0])
+    version = tuple(int(p) for p in report["version"].split(".")[:2])
+    major = version[0]
     # the first native call, turned into edged's error with the reason
     assert "TensorRT could not start" in report["load"], report["load"]
     assert "TensorRT could not start" in report["build_fp32"], report["build_fp32"]
-    assert "TensorRT could not start" in report["build_default"], report["build_default"]  # 11: the model's fp32
-    if major >= 11:  # strongly typed: fp16 from an fp32 model is refused before any native call
+    assert "TensorRT could not start" in report["build_default"], report["build_default"]  # 10.12+: the model's fp32
+    # build_on_device builds what the model is: never refused for a precision the model does not carry
+    assert "TensorRT could not start" in report["build_on_device"], report["build_on_device"]
+    if version >= (10, 12):  # strongly typed: fp16 from an fp32 model is refused before any native call
         assert report["adapter"]["strongly_typed"] and "builds strongly typed networks" in report["build_fp16"]
     else:
         assert not report["adapter"]["strongly_typed"] and "TensorRT could not start" in report["build_fp16"]
-    assert report["adapter"]["network_flags"] == (1 if major == 8 else 0)  # 8.6: EXPLICIT_BATCH
+    # 8.6: EXPLICIT_BATCH (bit 0); 10.12-10.x: STRONGLY_TYPED (bit 1); 10.0-10.11 and 11: none
+    assert report["adapter"]["network_flags"] == {8: 1, 10: 2 if version >= (10, 12) else 0}.get(major, 0)
     assert report["subclasses"]["monitor"] == ("absent" if major == 8 else "no error")  # 10.0+
     assert report["subclasses"]["calibrator"] == ("absent" if major >= 11 else "no error")
     return report
@@ -192,6 +196,8 @@ OBJECTS = {
     "engine": "ICudaEngine",
     "context": "IExecutionContext",
     "flags": "NetworkDefinitionCreationFlag",
+    "layer": "ILayer",
+    "inspector": "EngineInspector",
 }
 TRT_ROOTS = ("trt", "self.trt", "api.trt")
 

@@ -3,10 +3,13 @@
 Supported: TensorRT 8.6 (JetPack 6.0) to 11.x. What differs between them, and nowhere else:
 
     network flags     8.6: EXPLICIT_BATCH (0 makes an implicit-batch network the ONNX parser refuses);
-                      10.x: 0 (explicit batch is the only mode); 11: every network is strongly typed
-    precision         8.6-10.x: BuilderFlag.FP16 / INT8 (+ the entropy calibrator for float models);
-                      11: no precision flags: fp16 comes from an fp16 ONNX model, int8 from its Q/DQ
-                      nodes; a precision the model does not carry is refused with the reason
+                      10.0-10.11: 0 (explicit batch is the only mode); 10.12-10.x: STRONGLY_TYPED;
+                      11: 0 (every network is strongly typed, the flag is deprecated and ignored)
+    precision         8.6-10.11 (weakly typed): BuilderFlag.FP16 / INT8 (+ the entropy calibrator for
+                      float models); 10.12+ (weak typing deprecated in 10.12, removed in 11): strongly
+                      typed, no precision flags: fp16 comes from an fp16 ONNX model, int8 from its Q/DQ
+                      nodes, fp32 from an fp32 one; a precision the model does not carry is refused
+                      with the reason
     progress monitor  IProgressMonitor from 10.0
     device memory     device_memory_size_v2 from 10.1 (device_memory_size is gone in 11)
     hardware compat.  HardwareCompatibilityLevel.AMPERE_PLUS from 8.6, SAME_COMPUTE_CAPABILITY from 10.x
@@ -23,6 +26,7 @@ all of them, ``optional`` only where ``TrtApi`` looks before it uses it.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -86,9 +90,18 @@ TRT_API: dict[str, tuple[str, ...]] = {
         "IExecutionContext.set_tensor_address",
         "IExecutionContext.execute_async_v3",
         "nptype",
+        # a DLA build's record (8.2+): where the builder places each layer, the engine's layers as built
+        "INetworkDefinition.num_layers",
+        "INetworkDefinition.get_layer",
+        "ILayer.name",
+        "IBuilderConfig.can_run_on_DLA",
+        "ICudaEngine.create_engine_inspector",
+        "EngineInspector.get_engine_information",
+        "LayerInformationFormat.JSON",
     ),
     "optional": (
         "NetworkDefinitionCreationFlag.EXPLICIT_BATCH",  # 8.6 needs it; gone in 11
+        "NetworkDefinitionCreationFlag.STRONGLY_TYPED",  # 9.x+; what 10.12-10.x builds with
         "BuilderFlag.FP16",  # gone in 11
         "BuilderFlag.INT8",  # gone in 11
         "IBuilderConfig.int8_calibrator",  # gone in 11
@@ -101,6 +114,8 @@ TRT_API: dict[str, tuple[str, ...]] = {
     ),
 }
 
+# TensorRT 10.12 deprecated weak typing (the precision builder flags); 11 removed it
+STRONGLY_TYPED_FROM = (10, 12)
 HARDWARE_LEVELS = {"none": "NONE", "ampere+": "AMPERE_PLUS", "same-cc": "SAME_COMPUTE_CAPABILITY"}
 
 
@@ -178,19 +193,22 @@ class TrtApi:
         if refused:
             raise BackendError(refused)
         self.major_minor = parse_version(self.version)[:2]
-        # weak typing (precision builder flags) exists until 10.x; 11 builds only strongly typed networks
-        self.strongly_typed = not hasattr(trt.BuilderFlag, "FP16")
+        # weak typing (precision builder flags): deprecated from 10.12, gone in 11; edged builds strongly typed
+        # networks from 10.12 on, so an engine's precision is the model's on every version that will stay
+        self.strongly_typed = self.major_minor >= STRONGLY_TYPED_FROM or not hasattr(trt.BuilderFlag, "FP16")
 
     # ---- building -------------------------------------------------------------------------
     def network_flags(self) -> int:
         flags = self.trt.NetworkDefinitionCreationFlag
         if self.major_minor < (10, 0):
             return 1 << int(flags.EXPLICIT_BATCH)  # 8.6: 0 would make an implicit-batch network
+        if self.strongly_typed and self.major_minor < (11, 0):
+            return 1 << int(flags.STRONGLY_TYPED)  # 10.12-10.x: opt in; weak typing is deprecated there
         return 0  # explicit batch is the only mode; 11 is strongly typed without a flag
 
     def default_precision(self, model: Precision) -> Precision:
-        """What a build without an explicit precision makes: the model's own on 11 (strongly typed), else int8
-        for a Q/DQ model and fp16 for a float one."""
+        """What a build without an explicit precision makes: the model's own from 10.12 (strongly typed), else
+        int8 for a Q/DQ model and fp16 for a float one."""
         if self.strongly_typed:
             return model
         return "int8" if model == "int8" else "fp16"
@@ -209,11 +227,13 @@ class TrtApi:
             }[precision]
             raise BackendError(
                 f"TensorRT {self.version} builds strongly typed networks: the precision comes from the ONNX "
-                f"model, which is {model}, not {precision}. To fix: {how}, or build on TensorRT 10"
+                f"model, which is {model}, not {precision}. To fix: {how}, or build on TensorRT 8.6-10.11 "
+                "(weakly typed)"
             )
         if calibrate:
             raise BackendError(
-                f"TensorRT {self.version} has no calibrator: int8 needs a Q/DQ model "
+                f"TensorRT {self.version} builds strongly typed networks, which take no calibrator: int8 needs a "
+                "Q/DQ model "
                 "(`edged quantize --target tensorrt`)"
             )
 
@@ -258,6 +278,33 @@ class TrtApi:
             if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
                 raise BackendError("TensorRT cannot create a timing cache")
         return cache
+
+    def dla_placement(self, network: Any, config: Any) -> tuple[list[str], list[str]]:
+        """The network's layers the builder places on DLA, and those it leaves to the GPU (fallback), asked
+        once the config targets DLA (IBuilderConfig.can_run_on_DLA): TensorRT's answer before the build."""
+        on_dla: list[str] = []
+        on_gpu: list[str] = []
+        for i in range(network.num_layers):
+            layer = network.get_layer(i)
+            (on_dla if config.can_run_on_DLA(layer) else on_gpu).append(str(layer.name))
+        return on_dla, on_gpu
+
+    def engine_layers(self, engine: Any) -> list[str] | None:
+        """The built engine's layers as TensorRT's engine inspector names them (fused; a DLA subgraph is one
+        layer), or None where the inspector gives nothing readable."""
+        inspector = engine.create_engine_inspector()
+        if inspector is None:
+            return None
+        try:
+            info = json.loads(inspector.get_engine_information(self.trt.LayerInformationFormat.JSON))
+        except (TypeError, ValueError) as exc:
+            logger.warning("the engine inspector's layer information is not readable: %s", exc)
+            return None
+        layers = info.get("Layers") if isinstance(info, dict) else None
+        if not isinstance(layers, list):
+            return None
+        # names only by default (ProfilingVerbosity.LAYER_NAMES_ONLY); a dict with "Name" when detailed
+        return [str(x.get("Name", "")) if isinstance(x, dict) else str(x) for x in layers]
 
     # ---- loading --------------------------------------------------------------------------
     def device_memory(self, engine: Any) -> int:

@@ -60,6 +60,8 @@ class BuiltEngine:
     device_memory_bytes: int  # the context's scratch memory plus the weights (the plan's size)
     seconds: float
     precision: Precision
+    # a DLA build: the layers the builder placed on DLA and on the GPU, and the engine's layers as built
+    dla: dict[str, Any] | None = None
 
 
 def build_engine(
@@ -143,12 +145,16 @@ def _build(
         if calibration is not None:
             config.int8_calibrator = _entropy_calibrator(trt, cuda, calibration, calibration_cache)
         api.set_options(config, opts)
+        on_dla: list[str] = []
+        on_gpu: list[str] = []
         if dla_core is not None:
             if builder.num_DLA_cores <= dla_core:
                 raise BackendError(f"DLA core {dla_core} asked for; this device has {builder.num_DLA_cores}")
             config.default_device_type = trt.DeviceType.DLA
             config.DLA_core = dla_core
             config.set_flag(trt.BuilderFlag.GPU_FALLBACK)
+            on_dla, on_gpu = api.dla_placement(network, config)
+            say(f"DLA core {dla_core}: {len(on_dla)} layers on DLA, {len(on_gpu)} fall back to the GPU")
         profile = builder.create_optimization_profile()
         profile.set_shape(input_name, input_shape, input_shape, input_shape)
         config.add_optimization_profile(profile)
@@ -172,30 +178,40 @@ def _build(
         if engine is None:
             raise EngineLoadError(f"{out}: the engine just built does not deserialize: {'; '.join(log.errors)}")
         memory = api.device_memory(engine) + out.stat().st_size
+        dla = None
+        if dla_core is not None:
+            dla = {"core": dla_core, "layers": on_dla, "gpu_layers": on_gpu}
+            built_layers = api.engine_layers(engine)
+            if built_layers is not None:
+                dla["engine_layers"] = built_layers
     finally:
         ctx.pop()
         ctx.detach()
-    return BuiltEngine(out, api.version, f"{major}.{minor}", memory, time.monotonic() - start, precision)
+    seconds = time.monotonic() - start
+    return BuiltEngine(out, api.version, f"{major}.{minor}", memory, seconds, precision, dla)
 
 
 def cached_engine(
     onnx_file: Path,
     input_name: str,
     input_shape: tuple[int, ...],
-    precision: Precision,
+    precision: Precision | None,
     cache_dir: Path,
     progress: Callable[[str], None] | None = None,
     modules: TrtModules | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """`model.build_on_device`: the engine for this ONNX model on this device, built on first use.
 
-    Cached under a key of model hash + TensorRT version + compute capability + precision + batch, so
-    a TensorRT upgrade or another GPU builds anew and never loads a stale plan."""
+    `precision` None: what the model is, as `build_engine` picks it (the model's own precision from
+    TensorRT 10.12, strongly typed; int8 for a Q/DQ model and fp16 for a float one before). Cached under a
+    key of model hash + TensorRT version + compute capability + precision + batch, so a TensorRT upgrade or
+    another GPU builds anew and never loads a stale plan."""
     m = modules or load_modules()
     try:
         facts = device_facts(m)
     except (m.cuda.Error, RuntimeError, TypeError) as exc:
         raise translate(exc, "cannot build an engine on this device", BackendError) from exc
+    precision = precision or TrtApi(m.trt).default_precision(onnx_precision(onnx_file))
     h = hashlib.sha256()
     with onnx_file.open("rb") as f:
         while chunk := f.read(1 << 20):
