@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from functools import cache
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 GST_SCHEMES = {"file", "v4l2", "rtsp", "rtsps", "csi", "gst"}  # what the GStreamer path opens
 OPTIONAL = ("nvvidconv", "nvarguscamerasrc", "nvv4l2decoder")
+SIZES_KEPT = 64  # buffers between the scaler and the reader whose source size is remembered
 POLL_S = 0.1  # how often a waiting read looks at the bus and at the stop event
 _CHANNELS = {"BGR": 3, "RGB": 3, "BGRx": 4, "BGRA": 4, "RGBx": 4, "RGBA": 4, "GRAY8": 1}
 
@@ -195,6 +197,10 @@ class GstSource:
         self._live = p.live
         self._nvmm = p.nvmm
         self._pending: np.ndarray | None = None
+        # the source size each buffer entering the scaler had, by its timestamp: a buffer already past the
+        # scaler (in the appsink) when the source changes resolution keeps the size it was scaled from
+        self._sizes: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        self._sizes_lock = threading.Lock()
         try:
             self.pipeline = gst.parse_launch(p.description)
         except glib.Error as exc:
@@ -218,7 +224,9 @@ class GstSource:
         scaler = self.pipeline.get_by_name("scaler")
         self._size = self.pipeline.get_by_name("size")
         if scaler is not None:
-            scaler.get_static_pad("sink").add_probe(gst.PadProbeType.EVENT_DOWNSTREAM, self._on_caps)
+            pad = scaler.get_static_pad("sink")
+            pad.add_probe(gst.PadProbeType.EVENT_DOWNSTREAM, self._on_caps)
+            pad.add_probe(gst.PadProbeType.BUFFER, self._on_buffer)
         self._bus = self.pipeline.get_bus()
         try:
             if self.pipeline.set_state(gst.State.PLAYING) == gst.StateChangeReturn.FAILURE:
@@ -270,6 +278,21 @@ class GstSource:
             fmt = ",format=BGRx" if self._nvmm else ""
             self._size.set_property("caps", gst.Caps.from_string(f"video/x-raw{fmt},width={tw},height={th}"))
         return gst.PadProbeReturn.OK
+
+    def _on_buffer(self, _pad: Any, info: Any) -> Any:
+        buf, src = info.get_buffer(), self._src_size
+        if buf is not None and src is not None and buf.pts != self._gst.CLOCK_TIME_NONE:
+            with self._sizes_lock:
+                self._sizes[buf.pts] = src
+                while len(self._sizes) > SIZES_KEPT:
+                    self._sizes.popitem(last=False)
+        return self._gst.PadProbeReturn.OK
+
+    def _size_of(self, buf: Any) -> tuple[int, int] | None:
+        """The source size `buf` was scaled from: recorded by its timestamp as it entered the scaler, else
+        (no timestamp) the newest size the caps announced."""
+        with self._sizes_lock:
+            return self._sizes.get(buf.pts, self._src_size)
 
     # --- reading ------------------------------------------------------------------------------
     def _find_appsink(self) -> Any:
@@ -344,7 +367,7 @@ class GstSource:
             frame = np.ascontiguousarray(frame[:, :, [2, 1, 0]])
         elif ch == 4:
             frame = np.ascontiguousarray(frame[:, :, :3])
-        src = self._src_size
+        src = self._size_of(buf)
         self.scaled_from = src if self._target_size is not None and src is not None and src != (w, h) else None
         return frame
 
