@@ -30,7 +30,7 @@ from .config import CameraConfig
 from .gst import GST_SCHEMES, use_gstreamer
 from .preprocess import Preprocessor, Transform
 from .redact import scrub
-from .sources import Source, open_source
+from .sources import Source, open_source, tls_warnings
 
 __all__ = ["Camera", "CameraStats", "FrameMeta", "Source", "Throttle", "join_all", "open_source"]
 
@@ -153,6 +153,8 @@ class Camera:
             except CaptureError as exc:
                 path = str(exc)
             logger.info("camera %s: capture path %s (backend %s)", self.name, path, self.cfg.backend)
+        for warning in tls_warnings(self.cfg):
+            logger.warning("camera %s: %s", self.name, warning)
         while not self._stop.is_set():
             try:
                 source = self._opener(self.cfg)

@@ -520,6 +520,7 @@ def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Confi
             update={
                 "uri": "file://" + str(fix(Path(c.uri[7:]))) if c.uri.startswith("file://") else c.uri,
                 "password_file": fix(c.password_file),
+                "tls_ca_file": fix(c.tls_ca_file),
             }
         )
         for c in cfg.cameras

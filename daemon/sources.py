@@ -24,6 +24,7 @@ from . import gst
 from .config import CameraConfig
 from .gst import use_gstreamer
 from .gstpipe import csi_options, file_path, v4l2_options
+from .gstwhy import Tls
 from .netcam import open_http, probe_rtsp
 from .redact import redact
 
@@ -163,6 +164,7 @@ def open_source(
             cam.stall_timeout_s,
             spec_size if _scale_in_pipeline(cam) else None,
             stop,
+            Tls(cam.tls_ca_file, cam.tls_verify),
         )
     if scheme == "file":
         return OpenCvSource(str(file_path(cam.uri)), cv2.CAP_FFMPEG, [])
@@ -184,7 +186,7 @@ def open_source(
         mjpeg = open_http(uri, cam.stall_timeout_s)
         return mjpeg if mjpeg is not None else OpenCvSource(uri, cv2.CAP_FFMPEG, net)
     if scheme in {"rtsp", "rtsps"}:
-        probe_rtsp(uri, cam.stall_timeout_s)
+        probe_rtsp(uri, cam.stall_timeout_s, cam.tls_ca_file, cam.tls_verify)
         return OpenCvSource(uri, cv2.CAP_FFMPEG, net)
     if scheme in {"csi", "gst"}:
         if not _has_gstreamer():
@@ -201,6 +203,27 @@ def open_source(
             pipeline = rest
         return OpenCvSource(pipeline, cv2.CAP_GSTREAMER, [])
     raise CaptureError(f"{shown}: unsupported scheme {scheme}://")
+
+
+def tls_warnings(cam: CameraConfig) -> list[str]:
+    """What an rtsps:// camera's TLS settings leave unprotected: said at every start and by check-config."""
+    if not cam.uri.startswith("rtsps://"):
+        return []
+    if not cam.tls_verify:
+        return [
+            "tls_verify is false: the camera's certificate is not checked, so anyone who can intercept the "
+            "connection can pose as the camera (pin its certificate with tls_ca_file instead)"
+        ]
+    try:
+        gstreamer = use_gstreamer(cam)
+    except CaptureError:
+        gstreamer = False
+    if gstreamer:
+        return []
+    return [
+        "on the OpenCV/FFmpeg path the certificate is checked on edged's own probe connection only; FFmpeg's "
+        "RTSP connection is not verified (FFmpeg passes no TLS options to it): use the GStreamer path"
+    ]
 
 
 def _scale_in_pipeline(cam: CameraConfig) -> bool:

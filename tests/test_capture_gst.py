@@ -327,8 +327,12 @@ def test_a_mid_stream_resolution_change_gives_every_frame_its_own_source_size() 
                 w, h = sizes[len(seen) // 30]
                 caps = f"video/x-raw,width={w},height={h},framerate=30/1"
                 res.set_property("caps", gst._load()[0].Caps.from_string(caps))
+
                 # the new caps pass the scaler while frames of the old size wait in the queue after it
-                wait_until(lambda w=w, h=h: source._src_size == (w, h), 5.0, "the new size reaches the scaler")
+                def reached(size: tuple[int, int] = (w, h)) -> bool:
+                    return source._src_size == size
+
+                wait_until(reached, 5.0, "the new size reaches the scaler")
     finally:
         source.close()
     assert {out for out, _ in seen} == {(w // 10, h // 10) for w, h in sizes}, seen
