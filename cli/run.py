@@ -84,6 +84,7 @@ def _check(args: argparse.Namespace) -> int:
         f"broker {cfg.mqtt.host}:{cfg.mqtt.port})"
     )
     from edged.daemon.gstprobe import check_camera
+    from edged.daemon.sources import tls_warnings
     from edged.errors import CaptureError
 
     bad = 0
@@ -91,6 +92,8 @@ def _check(args: argparse.Namespace) -> int:
         shown = f"camera {cam.name}: {cam.display}" + (" (password from password_file)" if cam.password_file else "")
         try:
             print(f"{shown}: capture {check_camera(cam)}")
+            for warning in tls_warnings(cam):
+                print(f"{shown}: WARNING: {warning}", file=sys.stderr)
         except CaptureError as exc:
             print(f"{shown}: {exc}", file=sys.stderr)
             bad += 1

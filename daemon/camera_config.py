@@ -132,6 +132,16 @@ class CameraConfig(StrictModel):
     rtsp_transport: Literal["auto", "tcp", "udp"] = Field(
         "auto", description="GStreamer rtsp(s)://: RTP over UDP or interleaved in the TCP connection; auto tries both"
     )
+    tls_ca_file: Path | None = Field(
+        None,
+        description="rtsps://: the CA certificate (PEM) the camera's certificate must be signed by; for a camera "
+        "with a self-signed certificate, that certificate itself (pinning); null: the system's CAs",
+    )
+    tls_verify: bool = Field(
+        True,
+        description="rtsps://: false accepts any certificate (no protection against an impostor); warned at every "
+        "start and by check-config",
+    )
 
     @field_validator("name")
     @classmethod
@@ -167,6 +177,14 @@ class CameraConfig(StrictModel):
             raise ValueError(
                 f"with password_file the URI names the user and no password ({parts.scheme}://USER@{parts.hostname}…)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _tls(self) -> CameraConfig:
+        if (self.tls_ca_file is not None or not self.tls_verify) and not self.uri.startswith("rtsps://"):
+            raise ValueError("tls_ca_file and tls_verify are for rtsps:// cameras")
+        if self.tls_ca_file is not None and not self.tls_verify:
+            raise ValueError("tls_ca_file pins a certificate and tls_verify: false accepts any: give one of them")
         return self
 
     @property

@@ -7,12 +7,9 @@ consumer never makes frames queue up. A source that fails to open or stops givin
 reopened with exponential backoff (full jitter, `Backoff`); no frame for ``stall_timeout_s`` counts as a stall and a
 disconnect. A camera that is down never stops the others.
 
-URIs: ``file:///path.mp4`` (``loop`` to repeat; ``realtime`` paces it at its own frame rate,
-otherwise the camera waits for each frame to be taken, so no frame of the file is dropped),
-``v4l2:///dev/video0``, ``rtsp://…``, ``http://…`` (MJPEG read and decoded in ``netcam``, so no
-camera's open waits on another's; HLS and video files over HTTP through FFmpeg),
-``csi://N`` (Jetson CSI through GStreamer ``nvarguscamerasrc``), ``gst://<pipeline ending in appsink>``,
-``synthetic://?width=640&height=360&fps=15`` (a moving test pattern, no OpenCV capture).
+A ``file://`` camera repeats with ``loop``; ``realtime`` paces it at its own frame rate, otherwise
+the camera waits for each frame to be taken, so no frame of the file is dropped. Which URIs open as
+what: ``sources``.
 """
 
 from __future__ import annotations
@@ -22,8 +19,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
-from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 import cv2
 import numpy as np
@@ -31,190 +26,15 @@ import numpy as np
 from edged.errors import CaptureError
 from edged.protocol.backoff import Backoff
 
-from . import gst
 from .config import CameraConfig
 from .gst import GST_SCHEMES, use_gstreamer
-from .gstpipe import csi_options, file_path, v4l2_options
-from .netcam import open_http, probe_rtsp
 from .preprocess import Preprocessor, Transform
-from .redact import redact, scrub
+from .redact import scrub
+from .sources import Source, open_source, tls_warnings
+
+__all__ = ["Camera", "CameraStats", "FrameMeta", "Source", "Throttle", "join_all", "open_source"]
 
 logger = logging.getLogger(__name__)
-
-NO_FRAME = None
-
-
-class Source(Protocol):
-    fps: float  # the source's own rate, 0 when unknown
-    # set when the last frame read was scaled (in a GStreamer pipeline) from a source of this (w, h)
-    scaled_from: tuple[int, int] | None
-
-    def read(self) -> np.ndarray | None:
-        """Next frame (BGR), or None at the end of a file or when the source failed."""
-
-    def close(self) -> None: ...
-
-
-class OpenCvSource:
-    scaled_from: tuple[int, int] | None = None
-
-    def __init__(self, target: str | int, api: int, params: list[int]) -> None:
-        self._cap = cv2.VideoCapture(target, api, params)
-        if not self._cap.isOpened():
-            self._cap.release()
-            raise CaptureError(f"cannot open {redact(target) if isinstance(target, str) else target!r}")
-        fps = float(self._cap.get(cv2.CAP_PROP_FPS) or 0.0)
-        self.fps = fps if 0 < fps < 1000 else 0.0
-
-    def read(self) -> np.ndarray | None:
-        ok, frame = self._cap.read()
-        if not ok or frame is None:
-            return NO_FRAME
-        out: np.ndarray = frame
-        return out
-
-    def close(self) -> None:
-        self._cap.release()
-
-
-class SyntheticSource:
-    """A moving test pattern: gradient, a bouncing disc and the frame number. No faces."""
-
-    scaled_from: tuple[int, int] | None = None
-
-    def __init__(self, width: int, height: int, fps: float) -> None:
-        if not (16 <= width <= 7680 and 16 <= height <= 4320 and 0 < fps <= 240):
-            raise CaptureError(f"synthetic source: bad size {width}x{height} or fps {fps}")
-        self.fps = fps
-        self._n = 0
-        x = np.linspace(0, 255, width, dtype=np.float32)
-        y = np.linspace(0, 255, height, dtype=np.float32)[:, None]
-        self._base = np.dstack(
-            [
-                np.broadcast_to(x, (height, width)),
-                np.broadcast_to(y, (height, width)),
-                np.full((height, width), 96, np.float32),
-            ]
-        ).astype(np.uint8)
-
-    def read(self) -> np.ndarray | None:
-        frame: np.ndarray = self._base.copy()
-        h, w = frame.shape[:2]
-        t = self._n / max(self.fps, 1.0)
-        cx = int((0.5 + 0.4 * np.sin(t * 1.3)) * w)
-        cy = int((0.5 + 0.4 * np.cos(t * 0.9)) * h)
-        cv2.circle(frame, (cx, cy), max(4, min(w, h) // 10), (30, 220, 240), -1)
-        cv2.putText(frame, f"edged {self._n}", (8, h - 10), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (255, 255, 255), 1)
-        self._n += 1
-        return frame
-
-    def close(self) -> None:
-        pass
-
-
-def _has_gstreamer() -> bool:
-    for line in cv2.getBuildInformation().splitlines():
-        if line.strip().startswith("GStreamer:"):
-            return "YES" in line
-    return False
-
-
-def _with_password(cam: CameraConfig) -> str:
-    """The URI to open: with `password_file`, the file's first line goes in as the password, here and
-    only here (so the YAML holds no secret, and a rotated credential is read at the next reopen)."""
-    if cam.password_file is None:
-        return cam.uri
-    try:
-        lines = cam.password_file.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise CaptureError(f"{cam.display}: password_file: cannot read {cam.password_file}: {exc.strerror}") from exc
-    if not lines or not lines[0]:
-        raise CaptureError(f"{cam.display}: password_file {cam.password_file} is empty")
-    parts = urlsplit(cam.uri)
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    return urlunsplit(parts._replace(netloc=f"{userinfo}:{quote(lines[0], safe='')}@{hostport}"))
-
-
-NO_GST = (
-    "this OpenCV was built without GStreamer and PyGObject's GStreamer is not importable, which {scheme}:// "
-    "needs; install python3-gi and gir1.2-gstreamer-1.0 (on a Jetson: a venv made with --system-site-packages)"
-)
-
-
-def open_source(
-    cam: CameraConfig,
-    spec_size: Callable[[int, int], tuple[int, int]] | None = None,
-    stop: threading.Event | None = None,
-) -> Source:
-    """Open the camera's URI; raise CaptureError with the reason when it cannot be opened. Messages
-    name the camera by its display form (`cam.display`: no credentials). `spec_size`: the size a
-    source of (w, h) is scaled to for the model, for the GStreamer path to scale in the pipeline."""
-    shown = cam.display
-    scheme, rest = cam.uri.split("://", 1)
-    timeout_ms = int(cam.stall_timeout_s * 1000)
-    net = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
-    if scheme == "synthetic":
-        q = parse_qs(urlsplit(cam.uri).query)
-        try:
-            return SyntheticSource(
-                int(q.get("width", ["640"])[0]),
-                int(q.get("height", ["360"])[0]),
-                float(q.get("fps", [str(cam.fps_max)])[0]),
-            )
-        except ValueError as exc:
-            raise CaptureError(f"{shown}: bad synthetic parameters: {exc}") from exc
-    if scheme == "file":
-        path = file_path(cam.uri)
-        if not path.is_file():
-            raise CaptureError(f"{shown}: no such file")
-    if use_gstreamer(cam):
-        uri = _with_password(cam) if scheme in {"rtsp", "rtsps"} else cam.uri
-        return gst.open_gst(
-            uri,
-            shown,
-            cam.rtsp_latency_ms,
-            cam.rtsp_transport,
-            cam.stall_timeout_s,
-            spec_size if _scale_in_pipeline(cam) else None,
-            stop,
-        )
-    if scheme == "file":
-        return OpenCvSource(str(file_path(cam.uri)), cv2.CAP_FFMPEG, [])
-    if scheme == "v4l2":
-        o = v4l2_options(cam.uri)
-        params: list[int] = []
-        if o.format:
-            params += [cv2.CAP_PROP_FOURCC, cv2.VideoWriter.fourcc(*o.format.replace("YUY2", "YUYV"))]
-        for prop, value in ((cv2.CAP_PROP_FRAME_WIDTH, o.width), (cv2.CAP_PROP_FRAME_HEIGHT, o.height)):
-            if value:
-                params += [prop, value]
-        if o.fps:
-            params += [cv2.CAP_PROP_FPS, o.fps]
-        return OpenCvSource(o.device, cv2.CAP_V4L2, params)
-    # Network sources: the server must answer here, within the open timeout, before FFmpeg's open
-    # (which holds a lock every other camera's open waits on) is tried; MJPEG needs no FFmpeg at all.
-    uri = _with_password(cam)
-    if scheme in {"http", "https"}:
-        mjpeg = open_http(uri, cam.stall_timeout_s)
-        return mjpeg if mjpeg is not None else OpenCvSource(uri, cv2.CAP_FFMPEG, net)
-    if scheme in {"rtsp", "rtsps"}:
-        probe_rtsp(uri, cam.stall_timeout_s)
-        return OpenCvSource(uri, cv2.CAP_FFMPEG, net)
-    if scheme in {"csi", "gst"}:
-        if not _has_gstreamer():
-            raise CaptureError(f"{shown}: {NO_GST.format(scheme=scheme)}")
-        if scheme == "csi":
-            c = csi_options(cam.uri)
-            caps = "video/x-raw(memory:NVMM)" + (f",width={c.width},height={c.height}" if c.width and c.height else "")
-            pipeline = (
-                f"nvarguscamerasrc sensor-id={c.sensor_id} ! {caps},framerate={c.fps or round(cam.fps_max)}/1 ! "
-                "nvvidconv ! video/x-raw,format=BGRx ! videoconvert ! video/x-raw,format=BGR ! "
-                "appsink drop=true max-buffers=1 sync=false"
-            )
-        else:
-            pipeline = rest
-        return OpenCvSource(pipeline, cv2.CAP_GSTREAMER, [])
-    raise CaptureError(f"{shown}: unsupported scheme {scheme}://")
 
 
 class Throttle:
@@ -333,6 +153,8 @@ class Camera:
             except CaptureError as exc:
                 path = str(exc)
             logger.info("camera %s: capture path %s (backend %s)", self.name, path, self.cfg.backend)
+        for warning in tls_warnings(self.cfg):
+            logger.warning("camera %s: %s", self.name, warning)
         while not self._stop.is_set():
             try:
                 source = self._opener(self.cfg)
@@ -458,13 +280,6 @@ class Camera:
             self.stats.frames += 1
             self.cond.notify_all()
         return True
-
-
-def _scale_in_pipeline(cam: CameraConfig) -> bool:
-    """As configured; by default only where the pipeline scales in hardware (nvvidconv on a Jetson):
-    in software (videoscale) it measured no cheaper than cv2.resize here, scales in YUV (slightly
-    different boxes) and leaves snapshots at the model's size."""
-    return cam.scale_in_pipeline if cam.scale_in_pipeline is not None else gst.has_element("nvvidconv")
 
 
 def join_all(cameras: list[Camera], timeout_s: float) -> list[str]:

@@ -19,6 +19,7 @@ I/O at import time.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -297,17 +298,34 @@ class MemoryConfig(_Strict):
     budget_mb: float = Field(
         4096.0, gt=0, le=1_000_000, description="the device budget: a model that does not fit on top is refused"
     )
-    soft_limit_pct: float = Field(
-        85.0, gt=0, le=100, description="RSS over this share of the budget halves the frame rate"
+    throttle_pct: float = Field(
+        85.0,
+        gt=0,
+        le=100,
+        description="memory spent over this share of the budget halves the frame rate: less CPU/GPU load and "
+        "heat, no memory freed (buffers are preallocated); formerly soft_limit_pct (still read, deprecated)",
     )
     hard_limit_pct: float = Field(
         95.0, gt=0, le=100, description="RSS over this share stops the daemon cleanly (exit 3)"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "soft_limit_pct" in data:
+            if "throttle_pct" in data:
+                raise ValueError("soft_limit_pct is the old name of throttle_pct: give only throttle_pct")
+            logging.getLogger(__name__).warning(
+                "config: memory.soft_limit_pct is deprecated, read as memory.throttle_pct (it halves the frame "
+                "rate, which frees no memory); rename it"
+            )
+            data = {("throttle_pct" if k == "soft_limit_pct" else k): v for k, v in data.items()}
+        return data
+
     @model_validator(mode="after")
     def _ordered(self) -> MemoryConfig:
-        if self.soft_limit_pct >= self.hard_limit_pct:
-            raise ValueError("soft_limit_pct must be below hard_limit_pct")
+        if self.throttle_pct >= self.hard_limit_pct:
+            raise ValueError("throttle_pct must be below hard_limit_pct")
         return self
 
 
@@ -523,6 +541,7 @@ def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Confi
             update={
                 "uri": "file://" + str(fix(Path(c.uri[7:]))) if c.uri.startswith("file://") else c.uri,
                 "password_file": fix(c.password_file),
+                "tls_ca_file": fix(c.tls_ca_file),
             }
         )
         for c in cfg.cameras

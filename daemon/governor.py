@@ -11,8 +11,11 @@ and once the temperature is `hysteresis_c` below the threshold, so a noisy senso
 flap. A power cap (`power_cap_w`) scales the frame rate by cap / power while the total power is over
 it and lets it recover slowly below 90 % of it. Memory: the model must fit `memory.budget_mb` at
 start (`admit`), a swap runs side by side when both models fit and stop-the-world otherwise
-(`plan_swap`), RSS over the soft limit halves the frame rate, over the hard limit stops the daemon
-with the reason. Transitions go to `…/events`; readings to `…/telemetry`.
+(`plan_swap`). The memory spent (RSS, plus nvmap on a Jetson) over `memory.throttle_pct` of the
+budget halves the frame rate -- a throttle: it cuts CPU/GPU load and heat, and frees no memory, since
+frame buffers and model memory are preallocated; over `memory.hard_limit_pct` it stops the daemon with
+the reason (systemd restarts it with a fresh heap). Transitions go to `…/events`; readings to
+`…/telemetry`.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from .config import GovernorConfig, MemoryConfig
 from .sensors import Reading, Sensors
 
 logger = logging.getLogger(__name__)
+
+MEMORY_FPS_SCALE = 0.5  # the frame rate while memory is over memory.throttle_pct
 
 
 class Level(IntEnum):
@@ -187,7 +192,7 @@ class Policy:
         if spent is None or r.rss_mb is None:
             return [], ""
         budget = self.mem.budget_mb
-        hard, soft = budget * self.mem.hard_limit_pct / 100, budget * self.mem.soft_limit_pct / 100
+        hard, soft = budget * self.mem.hard_limit_pct / 100, budget * self.mem.throttle_pct / 100
         gpu = f" + GPU (nvmap) {r.gpu_mb:.0f} MB" if r.gpu_mb else ""
         if spent >= hard:
             event = {"type": "memory", "state": "hard_limit", "rss_mb": r.rss_mb, "limit_mb": round(hard, 1)}
@@ -196,11 +201,17 @@ class Policy:
             return [event], (
                 f"memory: RSS {r.rss_mb:.0f} MB{gpu} is over the hard limit {hard:.0f} MB ({budget:.0f} MB budget)"
             )
-        shed = spent >= soft
-        if shed != (self.memory_scale < 1.0):
-            self.memory_scale = 0.5 if shed else 1.0
-            state = "shedding" if shed else "normal"
-            event = {"type": "memory", "state": state, "rss_mb": r.rss_mb, "soft_limit_mb": round(soft, 1)}
+        throttled = spent >= soft
+        if throttled != (self.memory_scale < 1.0):
+            self.memory_scale = MEMORY_FPS_SCALE if throttled else 1.0
+            state = "throttled" if throttled else "normal"
+            event = {
+                "type": "memory",
+                "state": state,
+                "rss_mb": r.rss_mb,
+                "soft_limit_mb": round(soft, 1),
+                "fps_scale": self.memory_scale,
+            }
             if r.gpu_mb is not None:
                 event["gpu_mb"] = r.gpu_mb
             return [event], ""
@@ -283,6 +294,7 @@ class Governor:
             "fps_scale": round(self.throttle.fps_scale, 3),
             "paused": self.throttle.paused,
             "power_scale": round(self.policy.power_scale, 3),
+            "memory_fps_scale": self.policy.memory_scale,  # 0.5 while memory is over memory.throttle_pct
             "samples": self.samples,
             "cpu_pct": round(100.0 * self.cpu_s / wall, 3),
             "rss_slope_mb_per_min": self.rss_slope_mb_per_min(),

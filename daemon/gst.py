@@ -18,14 +18,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import re
-import socket
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from functools import cache
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -33,12 +31,15 @@ from edged.errors import CaptureError
 
 from .config import CameraConfig
 from .gstpipe import Plan, plan
+from .gstwhy import Tls, connect_reason, describe_certificate_errors, explain
+from .netcam import tls_refusal
 from .redact import scrub
 
 logger = logging.getLogger(__name__)
 
 GST_SCHEMES = {"file", "v4l2", "rtsp", "rtsps", "csi", "gst"}  # what the GStreamer path opens
 OPTIONAL = ("nvvidconv", "nvarguscamerasrc", "nvv4l2decoder")
+SIZES_KEPT = 64  # buffers between the scaler and the reader whose source size is remembered
 POLL_S = 0.1  # how often a waiting read looks at the bus and at the stop event
 _CHANNELS = {"BGR": 3, "RGB": 3, "BGRx": 4, "BGRA": 4, "RGBx": 4, "RGBA": 4, "GRAY8": 1}
 
@@ -87,6 +88,16 @@ def _unwind_with_libgcc() -> None:
         ctypes.CDLL("libgcc_s.so.1", mode=ctypes.RTLD_GLOBAL)
 
 
+def _gio() -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ImportWarning)
+        import gi  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        gi.require_version("Gio", "2.0")
+        from gi.repository import Gio  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    return Gio
+
+
 def available() -> bool:
     return _load()[0] is not None
 
@@ -109,29 +120,6 @@ def have() -> set[str]:
     return {e for e in OPTIONAL if has_element(e)}
 
 
-_ELEMENT_PATH = re.compile(r"/?(?:Gst\w+:[\w.-]+/?)+:\s*")
-
-
-def connect_reason(uri: str, timeout_s: float) -> str | None:
-    """Why a TCP connection to `uri`'s host and port fails (GStreamer only says "Failed to connect")."""
-    try:
-        parts = urlsplit(uri)
-        host, port = parts.hostname or "", parts.port or (322 if parts.scheme == "rtsps" else 554)
-    except ValueError:
-        return None
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return None
-    except ConnectionRefusedError:
-        return f"connection refused: nothing listens on {host} port {port}"
-    except socket.gaierror as exc:
-        return f"host {host!r} not found ({exc.strerror})"
-    except TimeoutError:
-        return f"no answer from {host} port {port} within {timeout_s:g} s"
-    except OSError as exc:
-        return f"cannot connect to {host} port {port}: {exc.strerror or exc}"
-
-
 def parse_check(description: str, shown: str) -> None:
     """Raise CaptureError when a pipeline does not parse (an unknown element, a bad property)."""
     gst, glib, why = _load()
@@ -142,31 +130,6 @@ def parse_check(description: str, shown: str) -> None:
     except glib.Error as exc:
         raise CaptureError(f"{shown}: bad pipeline: {scrub(str(exc.message))}") from exc
     pipeline.set_state(gst.State.NULL)
-
-
-def explain(err: Any, debug: str | None) -> str:
-    """A bus error as one line that says why: GStreamer's message plus the detail that names the cause
-    (the RTSP status, the socket error, the caps that did not match), credentials scrubbed."""
-    msg = str(err.message).rstrip(".")
-    detail = " ".join((debug or "").split())
-    low = (msg + " " + detail).lower()
-    hint = ""
-    if "401" in low or "unauthorized" in low:
-        hint = "401 Unauthorized: wrong user or password"
-    elif "404" in low or ("not found" in low and "rtsp" in low):
-        hint = "404 Not Found: no such stream path on the server"
-    elif "connection refused" in low:
-        hint = "connection refused: nothing listens at that address and port"
-    elif "not-negotiated" in low or "not negotiated" in low:
-        hint = "caps negotiation failed: the source offers no format/size/rate the pipeline accepts"
-    elif "no such file" in low or "cannot identify device" in low or "does not exist" in low:
-        hint = "no such device or file"
-    elif "tls" in low or "certificate" in low:
-        hint = "TLS failure"
-    # the debug string's last part is usually the reason (…/gstrtspsrc.c(…): …/GstRTSPSrc:src: Unauthorized (401))
-    tailtxt = _ELEMENT_PATH.sub("", detail.rsplit("):", 1)[-1]).strip() if detail else ""
-    text = f"{hint} ({msg}: {tailtxt})" if hint else f"{msg}: {tailtxt}" if tailtxt else msg
-    return scrub(text[:400])
 
 
 class GstSource:
@@ -181,6 +144,7 @@ class GstSource:
         target_size: Any = None,
         stop: threading.Event | None = None,
         shown: str = "",
+        tls: Tls | None = None,
     ) -> None:
         gst, glib, why = _load()
         if gst is None:
@@ -195,6 +159,10 @@ class GstSource:
         self._live = p.live
         self._nvmm = p.nvmm
         self._pending: np.ndarray | None = None
+        # the source size each buffer entering the scaler had, by its timestamp: a buffer already past the
+        # scaler (in the appsink) when the source changes resolution keeps the size it was scaled from
+        self._sizes: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        self._sizes_lock = threading.Lock()
         try:
             self.pipeline = gst.parse_launch(p.description)
         except glib.Error as exc:
@@ -204,8 +172,11 @@ class GstSource:
             if src is None:
                 raise CaptureError(f"{shown}: pipeline without a source named src")
             src.set_property(key, value)
+        self._tls = tls or Tls()
+        self._tls_problem = ""  # why the camera's certificate was refused (accept-certificate), for the error
         if src is not None and src.get_factory() is not None and src.get_factory().get_name() == "rtspsrc":
             src.connect("select-stream", self._video_only)  # a camera's audio track is not linked
+            self._setup_tls(src)
         self.sink = self.pipeline.get_by_name("sink") or self._find_appsink()
         if self.sink.get_property("caps") is None:  # a gst:// pipeline that left them open: formats we read
             self.sink.set_property("caps", gst.Caps.from_string(f"video/x-raw,format={{{','.join(_CHANNELS)}}}"))
@@ -218,7 +189,9 @@ class GstSource:
         scaler = self.pipeline.get_by_name("scaler")
         self._size = self.pipeline.get_by_name("size")
         if scaler is not None:
-            scaler.get_static_pad("sink").add_probe(gst.PadProbeType.EVENT_DOWNSTREAM, self._on_caps)
+            pad = scaler.get_static_pad("sink")
+            pad.add_probe(gst.PadProbeType.EVENT_DOWNSTREAM, self._on_caps)
+            pad.add_probe(gst.PadProbeType.BUFFER, self._on_buffer)
         self._bus = self.pipeline.get_bus()
         try:
             if self.pipeline.set_state(gst.State.PLAYING) == gst.StateChangeReturn.FAILURE:
@@ -232,6 +205,26 @@ class GstSource:
             if self._live and p.props.get("location"):  # a network camera: connected, or not, and then silent
                 raise CaptureError(f"{shown}: no answer (no frame) within {timeout_s:g} s")
             raise CaptureError(f"{shown}: no frame within {timeout_s:g} s of opening")
+
+    def _setup_tls(self, src: Any) -> None:
+        """rtsps://: the CA file the camera's certificate must chain to (a self-signed camera's own
+        certificate pins it), or, with tls_verify false, any certificate. rtspsrc checks against its
+        tls-database with tls-validation-flags; what fails those checks goes to accept-certificate,
+        which refuses it (recording why) or, with tls_verify false, accepts it."""
+        if self._tls.ca_file is not None:
+            gio = _gio()
+            try:
+                database = gio.TlsFileDatabase.new(str(self._tls.ca_file))
+            except Exception as exc:  # GLib.Error: unreadable, or no certificate in it
+                raise CaptureError(f"{self._shown}: tls_ca_file {self._tls.ca_file}: {scrub(str(exc))}") from exc
+            src.set_property("tls-database", database)
+        src.connect("accept-certificate", self._accept_certificate)
+
+    def _accept_certificate(self, _src: Any, _conn: Any, _cert: Any, errors: Any) -> bool:
+        if not self._tls.verify:
+            return True  # tls_verify: false, warned at start and by check-config
+        self._tls_problem = describe_certificate_errors(int(errors))
+        return False
 
     # --- pipeline callbacks (streaming threads) -----------------------------------------------
     def _video_only(self, _src: Any, _num: int, caps: Any) -> bool:
@@ -271,6 +264,21 @@ class GstSource:
             self._size.set_property("caps", gst.Caps.from_string(f"video/x-raw{fmt},width={tw},height={th}"))
         return gst.PadProbeReturn.OK
 
+    def _on_buffer(self, _pad: Any, info: Any) -> Any:
+        buf, src = info.get_buffer(), self._src_size
+        if buf is not None and src is not None and buf.pts != self._gst.CLOCK_TIME_NONE:
+            with self._sizes_lock:
+                self._sizes[buf.pts] = src
+                while len(self._sizes) > SIZES_KEPT:
+                    self._sizes.popitem(last=False)
+        return self._gst.PadProbeReturn.OK
+
+    def _size_of(self, buf: Any) -> tuple[int, int] | None:
+        """The source size `buf` was scaled from: recorded by its timestamp as it entered the scaler, else
+        (no timestamp) the newest size the caps announced."""
+        with self._sizes_lock:
+            return self._sizes.get(buf.pts, self._src_size)
+
     # --- reading ------------------------------------------------------------------------------
     def _find_appsink(self) -> Any:
         it = self.pipeline.iterate_recurse()
@@ -286,8 +294,13 @@ class GstSource:
         msg = self._bus.timed_pop_filtered(int(0.5e9), self._gst.MessageType.ERROR)
         if msg is not None:
             err, debug = msg.parse_error()
-            raise CaptureError(f"{self._shown}: {explain(err, debug)}")
+            raise CaptureError(f"{self._shown}: {self._why(err, debug)}")
         raise CaptureError(fallback)
+
+    def _why(self, err: Any, debug: str | None) -> str:
+        if self._tls_problem:
+            return tls_refusal(self._tls_problem, self._tls.ca_file)
+        return explain(err, debug)
 
     def _check_bus(self) -> bool:
         """Raise on an error message; True at the end of the stream."""
@@ -298,7 +311,7 @@ class GstSource:
                 return False
             if msg.type == gst.MessageType.ERROR:
                 err, debug = msg.parse_error()
-                raise CaptureError(f"{self._shown}: {explain(err, debug)}")
+                raise CaptureError(f"{self._shown}: {self._why(err, debug)}")
             return True
 
     def _pull(self, wait_s: float) -> np.ndarray | None:
@@ -344,7 +357,7 @@ class GstSource:
             frame = np.ascontiguousarray(frame[:, :, [2, 1, 0]])
         elif ch == 4:
             frame = np.ascontiguousarray(frame[:, :, :3])
-        src = self._src_size
+        src = self._size_of(buf)
         self.scaled_from = src if self._target_size is not None and src is not None and src != (w, h) else None
         return frame
 
@@ -378,10 +391,11 @@ def open_gst(
     timeout_s: float,
     target_size: Any = None,
     stop: threading.Event | None = None,
+    tls: Tls | None = None,
 ) -> GstSource:
     p = plan(uri, have(), latency_ms, transport, timeout_s)
     try:
-        return GstSource(p, timeout_s, target_size if p.scalable else None, stop, shown)
+        return GstSource(p, timeout_s, target_size if p.scalable else None, stop, shown, tls)
     except CaptureError as exc:
         if uri.startswith("rtsp") and "Failed to connect" in str(exc):
             why = connect_reason(uri, timeout_s)

@@ -14,10 +14,10 @@ from pathlib import Path
 from edged.errors import CaptureError
 
 from . import gst
-from .capture import NO_GST, _has_gstreamer, open_source
 from .config import CameraConfig
 from .gst import GST_SCHEMES
 from .gstpipe import file_path, plan, v4l2_options
+from .sources import NO_GST, _has_gstreamer, open_source
 
 PROBE_FRAMES = 10
 PROBE_S = 2.0

@@ -29,6 +29,7 @@ import socket
 import ssl
 import time
 from email.message import Message
+from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import cv2
@@ -193,12 +194,17 @@ def open_http(uri: str, timeout_s: float) -> MjpegSource | None:
     return MjpegSource(conn, resp, boundary.removeprefix("--").encode("latin-1"), timeout_s)
 
 
-def probe_rtsp(uri: str, timeout_s: float) -> None:
+def probe_rtsp(uri: str, timeout_s: float, ca_file: Path | None = None, verify: bool = True) -> None:
     """Raise CaptureError unless the RTSP server answers a DESCRIBE within `timeout_s`. DESCRIBE, not
     just OPTIONS: a camera whose RTSP front end still answers OPTIONS (FFmpeg's first request) but
     whose stream is wedged may never answer DESCRIBE, and FFmpeg would wait for that holding its lock.
     No credentials are sent (a 401 is an answer too), so none go out in the clear to a server that
-    would have asked for Digest."""
+    would have asked for Digest.
+
+    rtsps://: the server's certificate is verified here against `ca_file` (else the system's CAs) and
+    the host, unless `verify` is false. That is as far as the OpenCV path goes: FFmpeg's RTSP client
+    opens its own TLS connection with no options (libavformat/rtsp.c passes none to its tls:// layer,
+    whose certificate check is off by default), so that second connection is not verified."""
     tls = uri.startswith("rtsps")
     host, port = _address(uri, 322 if tls else 554)
     parts = urlsplit(uri)
@@ -209,15 +215,35 @@ def probe_rtsp(uri: str, timeout_s: float) -> None:
         with socket.create_connection((host, port), timeout=timeout_s) as raw:
             sock: socket.socket = raw
             if tls:
-                # Only proves the server is alive and carries no credentials; FFmpeg makes the session.
-                ctx = ssl.create_default_context()
-                ctx.check_hostname = False
-                ctx.verify_mode = ssl.CERT_NONE
-                sock = ctx.wrap_socket(raw, server_hostname=host)
+                sock = _tls_wrap(raw, host, uri, ca_file, verify)
             sock.settimeout(max(0.05, deadline - time.monotonic()))
             sock.sendall(request.encode())
             answer = sock.recv(64)
+    except ssl.SSLCertVerificationError as exc:
+        raise CaptureError(f"{redact(uri)}: {tls_refusal(exc.verify_message or str(exc), ca_file)}") from exc
     except OSError as exc:
         raise _no_answer(uri, "RTSP DESCRIBE", timeout_s, exc) from exc
     if not answer.startswith(b"RTSP/"):
         raise CaptureError(f"{redact(uri)}: not an RTSP server (it answered {answer[:16]!r})")
+
+
+def _tls_wrap(raw: socket.socket, host: str, uri: str, ca_file: Path | None, verify: bool) -> ssl.SSLSocket:
+    if not verify:  # tls_verify: false (warned at start): carries no credentials, proves the server is alive
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx.wrap_socket(raw, server_hostname=host)
+    try:
+        ctx = ssl.create_default_context(cafile=str(ca_file) if ca_file is not None else None)
+    except (OSError, ssl.SSLError) as exc:
+        raise CaptureError(f"{redact(uri)}: tls_ca_file {ca_file}: not a readable PEM certificate: {exc}") from exc
+    return ctx.wrap_socket(raw, server_hostname=host)
+
+
+def tls_refusal(why: str, ca_file: Path | None) -> str:
+    """The sentence for a camera certificate that did not verify, with the fix."""
+    against = f"tls_ca_file {ca_file}" if ca_file is not None else "the system's CAs (no tls_ca_file)"
+    return (
+        f"TLS: the camera's certificate does not verify against {against}: {why}; give the camera's CA (or its "
+        "self-signed certificate) as tls_ca_file"
+    )

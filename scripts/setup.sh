@@ -16,6 +16,7 @@ command -v systemd-analyze >/dev/null || need+=(systemd)  # unit checks only; sy
 # gst-rtsp-server for the tests' RTSP camera.
 gst_pkgs=(gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad
   gstreamer1.0-libav python3-gi gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0 gir1.2-gst-rtsp-server-1.0)
+gst_pkgs+=(python3-systemd)  # daemon/systemd.py: libsystemd's sd_notify and journald, as on the device
 for p in "${gst_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
@@ -80,6 +81,16 @@ if ! .venv/bin/python -W ignore -c 'import gi' 2>/dev/null; then
       libgirepository1.0-dev libcairo2-dev pkg-config gcc >/dev/null
     .venv/bin/python -m pip install -q --disable-pip-version-check 'PyGObject<3.51'
   fi
+fi
+
+# python3-systemd the same way (daemon/systemd.py uses it where importable, its own sd_notify elsewhere).
+sys_sd=$(/usr/bin/python3 -c 'import systemd.daemon, os; print(os.path.dirname(systemd.__file__))' 2>/dev/null || true)
+if [ -n "$sys_sd" ] && [ "$sys_ver" = "$venv_ver" ] && ! .venv/bin/python -c 'import systemd.daemon' 2>/dev/null; then
+  echo "setup: linking Debian's python3-systemd ($sys_sd) into .venv"
+  mkdir -p .venv/system-systemd
+  ln -sfn "$sys_sd" .venv/system-systemd/systemd
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$PWD/.venv/system-systemd" > "$site/edged-system-systemd.pth"
 fi
 
 .venv/bin/edged model fetch-demo

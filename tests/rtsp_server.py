@@ -1,10 +1,13 @@
 """A real RTSP camera for the tests: Debian's gst-rtsp-server through PyGObject, in its own process.
 
     python rtsp_server.py PORT VIDEO [--protocols tcp|udp|both] [--user U --password P] [--shared]
+                                     [--tls-cert CERT --tls-key KEY]
 
 Serves VIDEO (decoded and encoded to H.264 by openh264enc, as an IP camera sends it) at
 rtsp://127.0.0.1:PORT/cam, at the file's own rate. Prints "ready" once it listens. --user/--password:
-Basic authentication (a client without them, or with others, gets 401). SIGSTOP makes it a hung camera.
+Basic authentication (a client without them, or with others, gets 401). --tls-cert/--tls-key: RTSP over
+TLS (rtsps://, gst-rtsp-server's set_tls_certificate), media interleaved in that connection. SIGSTOP makes
+it a hung camera.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", ImportWarning)
     import gi  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
+    gi.require_version("Gio", "2.0")
     gi.require_version("Gst", "1.0")
     gi.require_version("GstRtsp", "1.0")
     gi.require_version("GstRtspServer", "1.0")
     from gi.repository import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        Gio,
         GLib,
         Gst,
         GstRtsp,
@@ -37,6 +42,8 @@ def main() -> int:
     ap.add_argument("--password")
     ap.add_argument("--shared", action="store_true", help="one encoder for every client")
     ap.add_argument("--h264", action="store_true", help="VIDEO is H.264 already: sent as it is, not re-encoded")
+    ap.add_argument("--tls-cert", help="serve rtsps:// with this certificate (PEM)")
+    ap.add_argument("--tls-key", help="the certificate's private key (PEM)")
     args = ap.parse_args()
     Gst.init(None)
     server = GstRtspServer.RTSPServer()
@@ -55,11 +62,16 @@ def main() -> int:
         "both": GstRtsp.RTSPLowerTrans.TCP | GstRtsp.RTSPLowerTrans.UDP,
     }
     factory.set_protocols(trans[args.protocols])
-    if args.user:
+    if args.user or args.tls_cert:
         auth = GstRtspServer.RTSPAuth()
         token = GstRtspServer.RTSPToken()
         token.set_string(GstRtspServer.RTSP_TOKEN_MEDIA_FACTORY_ROLE, "viewer")
-        auth.add_basic(GstRtspServer.RTSPAuth.make_basic(args.user, args.password or ""), token)
+        if args.user:
+            auth.add_basic(GstRtspServer.RTSPAuth.make_basic(args.user, args.password or ""), token)
+        else:  # TLS only: anyone may watch
+            auth.set_default_token(token)
+        if args.tls_cert:
+            auth.set_tls_certificate(Gio.TlsCertificate.new_from_files(args.tls_cert, args.tls_key))
         server.set_auth(auth)
         perms = GstRtspServer.RTSPPermissions()
         perms.add_role_from_structure(

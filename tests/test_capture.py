@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from edged.daemon.capture import Camera, _has_gstreamer, open_source
+from edged.daemon.capture import Camera
 from edged.daemon.config import CameraConfig
 from edged.daemon.preprocess import Preprocessor
+from edged.daemon.sources import _has_gstreamer, open_source
 from edged.errors import CaptureError
 from edged.models.demo import DemoAssets
 from edged.models.package import InputSpec

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from edged.daemon import gst
+from edged.daemon import gst, gstpipe
 from edged.daemon.capture import Camera, join_all, open_source
 from edged.daemon.config import CameraConfig
 from edged.daemon.gstprobe import check_camera
@@ -303,3 +303,38 @@ def test_a_cpp_exception_after_gstreamer_loads_raises_instead_of_crashing(tmp_pa
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     assert "refused:" in r.stdout and "ONNX Runtime cannot load it" in r.stdout and "cv2.error" in r.stdout
+
+
+def test_a_mid_stream_resolution_change_gives_every_frame_its_own_source_size() -> None:
+    # A real pipeline whose source changes resolution (videotestsrc renegotiates when the capsfilter
+    # `res` changes), scaled in the pipeline to a tenth of the source: each frame's size tells the source
+    # size it came from. Frames already past the scaler when the new caps pass it (here held in a queue
+    # after it, as buffers in flight are between nvvidconv and the appsink) must keep their own source
+    # size: they were labelled with the new one before.
+    sizes = [(320, 240), (640, 360), (480, 320)]
+    desc = (
+        "videotestsrc name=src num-buffers=90 ! capsfilter name=res caps=video/x-raw,width=320,height=240,"
+        "framerate=30/1 ! "
+        + gstpipe.tail(nvmm=False).replace("caps=video/x-raw ! ", "caps=video/x-raw ! queue max-size-buffers=3 ! ")
+    )
+    source = gst.GstSource(gstpipe.Plan(desc, {}, False), 5.0, lambda w, h: (w // 10, h // 10), shown="test")
+    res = source.pipeline.get_by_name("res")
+    seen: list[tuple[tuple[int, int], tuple[int, int] | None]] = []
+    try:
+        while (frame := source.read()) is not None:
+            seen.append(((frame.shape[1], frame.shape[0]), source.scaled_from))
+            if len(seen) % 30 == 0 and len(seen) // 30 < len(sizes):
+                w, h = sizes[len(seen) // 30]
+                caps = f"video/x-raw,width={w},height={h},framerate=30/1"
+                res.set_property("caps", gst._load()[0].Caps.from_string(caps))
+
+                # the new caps pass the scaler while frames of the old size wait in the queue after it
+                def reached(size: tuple[int, int] = (w, h)) -> bool:
+                    return source._src_size == size
+
+                wait_until(reached, 5.0, "the new size reaches the scaler")
+    finally:
+        source.close()
+    assert {out for out, _ in seen} == {(w // 10, h // 10) for w, h in sizes}, seen
+    wrong = [(out, src) for out, src in seen if src is None or (src[0] // 10, src[1] // 10) != out]
+    assert not wrong, f"frames labelled with another frame's source size: {wrong}"

@@ -23,7 +23,7 @@ from . import sysfs_fixtures as fx
 from .conftest import base_config, wait_until, write_config
 
 CFG = GovernorConfig(warm_c=80, hot_c=90, critical_c=97, hysteresis_c=5, min_dwell_s=10, critical_action="pause")
-MEM = MemoryConfig(budget_mb=1000, soft_limit_pct=80, hard_limit_pct=95)
+MEM = MemoryConfig(budget_mb=1000, throttle_pct=80, hard_limit_pct=95)
 
 
 def reading(temp: float | None = None, power_w: float | None = None, rss_mb: float = 100.0, **kw: Any) -> Reading:
@@ -99,11 +99,31 @@ def test_over_current_events_are_counted() -> None:
 def test_memory_soft_and_hard_limits() -> None:
     p = Policy(CFG, MEM)
     d = p.update(reading(50, rss_mb=850), 0)  # over 80 % of 1000 MB
-    assert d.fps_scale == 0.5 and d.events[0]["state"] == "shedding"
+    assert d.fps_scale == 0.5 and d.events[0]["state"] == "throttled"
     d = p.update(reading(50, rss_mb=700), 1)
     assert d.fps_scale == 1.0 and d.events[0]["state"] == "normal"
     d = p.update(reading(50, rss_mb=960), 2)
     assert "over the hard limit 950 MB" in d.stop_reason
+
+
+def test_memory_throttle_is_named_for_what_it_does_and_the_old_key_still_reads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # over memory.throttle_pct the frame rate halves (frees no memory): the event and telemetry say so
+    p = Policy(CFG, MEM)
+    d = p.update(reading(50, rss_mb=850), 0)
+    assert d.events[0] == {
+        "type": "memory", "state": "throttled", "rss_mb": 850, "soft_limit_mb": 800.0, "fps_scale": 0.5,
+    }  # fmt: skip
+    gov = Governor(CFG, MEM, Sensors(tmp_path / "none"), Throttle(), lambda e: None, lambda why: None)
+    gov.policy = p
+    assert gov.telemetry()["memory_fps_scale"] == 0.5
+    # the old key is read as the new one, with a warning that names both
+    old = MemoryConfig.model_validate({"budget_mb": 1000, "soft_limit_pct": 70, "hard_limit_pct": 90})
+    assert old.throttle_pct == 70
+    assert "memory.soft_limit_pct is deprecated, read as memory.throttle_pct" in caplog.text
+    with pytest.raises(ValueError, match="give only throttle_pct"):
+        MemoryConfig.model_validate({"soft_limit_pct": 70, "throttle_pct": 80})
 
 
 def test_admission_names_both_numbers() -> None:
@@ -215,7 +235,7 @@ def test_daemon_stops_at_the_hard_memory_limit(start_daemon, demo: DemoAssets, t
         host, port = "127.0.0.1", 1
 
     doc = base_config(Nowhere(), demo, tmp_path, [{"name": "a", "uri": "synthetic://?fps=10"}],
-                      memory={"budget_mb": 1000, "soft_limit_pct": 5, "hard_limit_pct": 10},
+                      memory={"budget_mb": 1000, "throttle_pct": 5, "hard_limit_pct": 10},
                       governor={"interval_s": 0.2})  # fmt: skip
     d = start_daemon(write_config(tmp_path / "c.yaml", doc))
     assert d.proc.wait(60) == 3
@@ -273,5 +293,5 @@ def test_the_budget_counts_this_process_nvmap_gpu_memory(tmp_path) -> None:
     assert d.events[0]["state"] == "hard_limit" and d.events[0]["gpu_mb"] == 600.0
     assert "RSS 400 MB + GPU (nvmap) 600 MB is over the hard limit 950 MB" in d.stop_reason
     d = Policy(CFG, MEM).update(reading(50, rss_mb=400.0, gpu_mb=450.0), 0)
-    assert d.events[0]["state"] == "shedding" and d.fps_scale == 0.5
+    assert d.events[0]["state"] == "throttled" and d.fps_scale == 0.5
     assert Policy(CFG, MEM).update(reading(50, rss_mb=400.0), 0).events == []  # no nvmap: RSS only
