@@ -13,7 +13,7 @@ messages/s, the broker's CPU (% of one core, from /proc) and memory, end-to-end 
 device's send to the consumer's receive, one clock), and loss: every message the broker acknowledged
 (PUBACK) to a device must reach a consumer once the devices stop and the consumers drain.
 
-    python bench/fleet.py [--sessions 1000] [--rate 27] [--payload 348] [--seconds 20] [--warmup 5]
+    python bench/fleet.py [--sessions 1000] [--rate 27] [--payload 390] [--seconds 20] [--warmup 5]
                           [--processes 2] [--consumers 1] [--out bench/results/fleet]
 """
 
@@ -36,72 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fleet_wire import connect_packet, mqtt_str, packets, puback_packet, publish_packet, subscribe_packet
+
 RECEIVE_MAX = 1000  # what a consumer lets the broker send it unacknowledged (mosquitto's default is 20)
 WINDOW = 20  # unacknowledged QoS 1 messages per device (the daemon's mqtt.max_inflight)
 TOPIC = "edged/{device}/results/cam"
 BOOT_ID = "0" * 32  # one boot per simulated device
-
-
-# -- MQTT v5, the few packets this needs ------------------------------------------------------------------
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        n, digit = divmod(n, 128)
-        out.append(digit | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _str(s: str) -> bytes:
-    b = s.encode()
-    return struct.pack("!H", len(b)) + b
-
-
-def connect_packet(client_id: str, keepalive: int = 60, receive_maximum: int = 0) -> bytes:
-    # protocol name, level 5, flags: clean start; keepalive; properties: Receive Maximum (how many QoS 1
-    # messages the broker may send us unacknowledged; mosquitto's default is 20) when given
-    props = b"\x21" + struct.pack("!H", receive_maximum) if receive_maximum else b""
-    body = (
-        _str("MQTT") + bytes([5, 0x02]) + struct.pack("!H", keepalive) + _varint(len(props)) + props + _str(client_id)
-    )
-    return b"\x10" + _varint(len(body)) + body
-
-
-def subscribe_packet(mid: int, topic: str) -> bytes:
-    body = struct.pack("!H", mid) + b"\x00" + _str(topic) + b"\x01"  # QoS 1
-    return b"\x82" + _varint(len(body)) + body
-
-
-def publish_packet(topic_bytes: bytes, mid: int, payload: bytes) -> bytes:
-    body = topic_bytes + struct.pack("!H", mid) + b"\x00" + payload  # QoS 1, no properties
-    return b"\x32" + _varint(len(body)) + body
-
-
-def puback_packet(mid: int) -> bytes:
-    return b"\x40\x02" + struct.pack("!H", mid)
-
-
-def packets(buf: bytearray) -> list[tuple[int, bytes]]:
-    """Take every complete packet off the front of `buf`: (first byte, body)."""
-    out: list[tuple[int, bytes]] = []
-    start = 0
-    while len(buf) - start >= 2:
-        length, mult, i = 0, 1, start + 1
-        while i < len(buf):
-            digit = buf[i]
-            length += (digit & 0x7F) * mult
-            mult *= 128
-            i += 1
-            if not digit & 0x80:
-                break
-        else:
-            break  # the length itself is not complete
-        if len(buf) < i + length:
-            break
-        out.append((buf[start], bytes(buf[i : i + length])))
-        start = i + length
-    del buf[:start]
-    return out
 
 
 def payload(device: str, seq: int, size: int) -> bytes:
@@ -120,7 +60,7 @@ class Device:
 
     def __init__(self, name: str, size: int, port: int, window: tuple[float, float]) -> None:
         self.name, self.size, self.window = name, size, window
-        self.topic = _str(TOPIC.format(device=name))
+        self.topic = mqtt_str(TOPIC.format(device=name))
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
         self.sock.sendall(connect_packet(name))
         self.buf = bytearray()
@@ -401,11 +341,15 @@ def measure(
     while time.monotonic() < window[0]:
         time.sleep(0.05)
     cpu0, t0 = cpu_s(broker.pid), time.monotonic()
+    gen0 = {p.pid: cpu_s(p.pid) for p in devices + consumers if p.pid is not None}
     rss = [rss_mb(broker.pid)]
     while time.monotonic() < window[1]:
         time.sleep(0.5)
         rss.append(rss_mb(broker.pid))
-    broker_cpu = (cpu_s(broker.pid) - cpu0) / (time.monotonic() - t0) * 100
+    elapsed = time.monotonic() - t0
+    broker_cpu = (cpu_s(broker.pid) - cpu0) / elapsed * 100
+    devices_cpu = sum(cpu_s(p.pid) - gen0[p.pid] for p in devices if p.pid is not None) / elapsed * 100
+    consumers_cpu = sum(cpu_s(p.pid) - gen0[p.pid] for p in consumers if p.pid is not None) / elapsed * 100
     dev_results = [dev_out.get(timeout=120) for _ in devices]
     done.set()
     con_results = [out.get(timeout=120) for _ in consumers]
@@ -421,6 +365,11 @@ def measure(
     lost = sum(1 for dev, seqs in acked.items() for s in seqs if received[dev][s] == 0)
     dupes = sum(n - 1 for counts in received.values() for n in counts.values() if n > 1)
     latencies = [x for c in con_results for x in c["latencies"]]
+    # the broker's CPU time per result routed (in from a device, out to a consumer, both PUBACKs): what one
+    # core would hold at this cost, were the broker given all of it (CPU time, not wall-clock: the load
+    # generator and anything else on the machine take their share of the cores)
+    delivered = sum(c["received_in_window"] for c in con_results)
+    us_per_result = broker_cpu / 100 * args.seconds / delivered * 1e6 if delivered else 0.0
     return {
         "machine": info,
         "sessions": args.sessions,
@@ -435,6 +384,11 @@ def measure(
         "per_consumer": [sum(len(v) for v in c["got"].values()) for c in con_results],
         "broker_cpu_pct_of_one_core": round(broker_cpu, 1),
         "broker_rss_mb_max": round(max(rss), 1),
+        "broker_cpu_us_per_result": round(us_per_result, 1),
+        "devices_per_broker_core": int(1e6 / us_per_result / args.rate) if us_per_result else None,
+        "devices_cpu_pct": round(devices_cpu, 1),
+        "consumers_cpu_pct": round(consumers_cpu, 1),
+        "load_avg_at_end": os.getloadavg(),
         "latency_ms_p50": round(pct(latencies, 0.50), 2),
         "latency_ms_p99": round(pct(latencies, 0.99), 2),
         "published": sum(r["published"] for r in dev_results),
@@ -461,6 +415,10 @@ def report(r: dict[str, Any]) -> str:
             f"delivered      {r['delivered_msgs_per_s']:>10.0f} msg/s  per consumer (whole run): {r['per_consumer']}",
             f"broker CPU     {r['broker_cpu_pct_of_one_core']:>10.1f} % of one core   "
             f"RSS max {r['broker_rss_mb_max']} MB",
+            f"               {r['broker_cpu_us_per_result']} us of broker CPU per result routed: one core would hold "
+            f"~{r['devices_per_broker_core']} devices at this rate (CPU time, extrapolated)",
+            f"load generator {r['devices_cpu_pct']:>10.1f} % (devices)  {r['consumers_cpu_pct']:.1f} % (consumers) "
+            f"of one core; machine load avg at end {r['load_avg_at_end'][0]:.2f}",
             f"latency        p50 {r['latency_ms_p50']} ms   p99 {r['latency_ms_p99']} ms  "
             "(device send -> consumer receive)",
             f"loss           {r['lost']} of {r['acked_by_broker']} acknowledged ({r['unacked_at_end']} never "
@@ -473,7 +431,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=27.0, help="results/s per device")
-    ap.add_argument("--payload", type=int, default=348, help="bytes per result")
+    ap.add_argument(
+        "--payload", type=int, default=390, help="bytes per result (the demo device: 390, bench/fleet_modes.py)"
+    )
     ap.add_argument("--seconds", type=float, default=20.0, help="the measured window")
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--processes", type=int, default=2, help="processes simulating the devices")
@@ -484,8 +444,8 @@ def main() -> None:
     text = report(result)
     print(text)
     if args.out is not None:
-        args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-        args.out.with_suffix(".txt").write_text(text + "\n")
+        Path(f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n")
+        Path(f"{args.out}.txt").write_text(text + "\n")
     if result["lost"]:
         raise SystemExit(1)
 

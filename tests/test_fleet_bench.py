@@ -27,6 +27,7 @@ def load(path: Path) -> ModuleType:
     return module
 
 
+sys.path.insert(0, str(REPO / "bench"))  # bench/fleet.py imports its sibling fleet_wire
 fleet = load(REPO / "bench" / "fleet.py")
 example = load(REPO / "examples" / "shared_consumer.py")
 
