@@ -311,6 +311,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             broker.terminate()
             broker.wait(10)
+            shutil.copy(Path(tmp) / "broker.log", Path(tempfile.gettempdir()) / "edged-fleet-broker.log")
 
 
 def measure(
@@ -362,7 +363,10 @@ def measure(
     for c in con_results:
         for dev, seqs in c["got"].items():
             received[dev].update(seqs)
-    lost = sum(1 for dev, seqs in acked.items() for s in seqs if received[dev][s] == 0)
+    missing = [(s, max(seqs)) for dev, seqs in acked.items() for s in seqs if received[dev][s] == 0]
+    lost = len(missing)
+    # where in a device's run the lost ones were: 0 its first result, 1 its last
+    lost_at = sorted(round(s / last, 2) for s, last in missing)
     dupes = sum(n - 1 for counts in received.values() for n in counts.values() if n > 1)
     latencies = [x for c in con_results for x in c["latencies"]]
     # the broker's CPU time per result routed (in from a device, out to a consumer, both PUBACKs): what one
@@ -396,6 +400,7 @@ def measure(
         "unacked_at_end": sum(r["unacked"] for r in dev_results),
         "max_device_backlog": max(r["max_backlog"] for r in dev_results),
         "lost": lost,
+        "lost_at_quartiles": [lost_at[int(q * (len(lost_at) - 1))] for q in (0, 0.25, 0.5, 0.75, 1)] if lost_at else [],
         "duplicates": dupes,
     }
 
