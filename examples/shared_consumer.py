@@ -52,7 +52,7 @@ class SharedConsumer:
             ca, cert, key = tls
             self.client.tls_set(ca_certs=ca, certfile=cert, keyfile=key)
         self.client.on_connect = self._on_connect
-        self.client.on_subscribe = lambda c, u, mid, codes, p: self.subscribed.set()
+        self.client.on_subscribe = self._on_subscribe
         self.client.on_message = self._on_message
         self.client.reconnect_delay_set(1, 30)
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
@@ -68,6 +68,12 @@ class SharedConsumer:
             client.subscribe(self.topic, qos=1)
         else:
             self.subscribed.set()
+
+    def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, codes: Any, props: Any) -> None:
+        if any(code.is_failure for code in codes):
+            print(f"subscription to {self.topic} refused: {codes}")
+            return
+        self.subscribed.set()
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         try:
