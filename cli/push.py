@@ -13,13 +13,19 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="push a signed model package to devices over MQTT, with progress",
         description="Offer a signed package on each device's cmd/ota; each device checks the manifest "
         "before anything is sent, then pulls the files in chunks it asks for, installs, swaps and "
-        "reports. Resumes across broker outages and device restarts. Exit 0 when every device succeeded, "
-        "1 when any did not (each is listed).",
+        "reports. Resumes across broker outages and device restarts. A push is a rollout: waves, an abort "
+        "threshold, and a state file from which a stopped push resumes (the same command again, or --resume). "
+        "Exit 0 when every device succeeded, 1 when any did not (each is listed), 3 when the rollout aborted "
+        "(over --max-failures), 130 when stopped (resumable).",
         epilog="examples:\n  edged push faces-8.tar --device orin-07\n"
-        "  edged push faces-8.tar --group dock --canary 2 --wait commit -c operator.yaml",
+        "  edged push faces-8.tar --group dock --canary 2 --wait commit -c operator.yaml\n"
+        "  edged push faces-8.tar --group dock --waves 1,10,50,100 --max-failures 2%\n"
+        "  edged push --resume ~/.local/state/edged/rollouts/faces@8-group-dock.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    push.add_argument("package", type=Path, help="a signed package tar (edged model pack --key)")
+    push.add_argument(
+        "package", type=Path, nargs="?", help="a signed package tar (edged model pack --key); not with --resume"
+    )
     push.add_argument("--device", action="append", default=[], metavar="ID", help="a device id (repeatable)")
     push.add_argument("--group", metavar="G", help="every online device whose status lists group G (config `groups`)")
     push.add_argument(
@@ -30,6 +36,38 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         choices=("swap", "commit"),
         default="swap",
         help="success is the device serving the new version on probation (swap, default) or after it (commit)",
+    )
+    push.add_argument(
+        "--waves",
+        default="100",
+        metavar="P,P,…",
+        help="cumulative percentages of the devices (after the canaries), e.g. 1,10,50,100; every wave but the "
+        "last waits for its devices to commit (default 100: one wave)",
+    )
+    push.add_argument(
+        "--max-failures",
+        default="0",
+        metavar="N|P%",
+        help="failures (rejected, failed, rolled back, timed out) the rollout tolerates before it aborts the "
+        "waves left: a count or a percentage of the devices (default 0)",
+    )
+    push.add_argument(
+        "--state",
+        type=Path,
+        metavar="FILE",
+        help="the rollout's state file (default: $XDG_STATE_HOME/edged/rollouts/<name>@<version>-<target>.json); "
+        "an existing one of the same package is resumed",
+    )
+    push.add_argument(
+        "--resume", type=Path, metavar="FILE", help="resume the rollout in FILE (package, devices, waves from it)"
+    )
+    push.add_argument(
+        "--wait-offline",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="after the last wave, follow the group's offline devices this long as they come back and take "
+        "the group's retained offer (default 0)",
     )
     push.add_argument("--timeout", type=float, default=900.0, metavar="S", help="per wave (default 900)")
     push.add_argument("--discover-s", type=float, default=2.0, metavar="S", help="time to collect a group (2)")
@@ -44,12 +82,27 @@ def _push(args: argparse.Namespace) -> int:
     from edged.daemon.config import MqttConfig, load_mqtt_config
     from edged.deploy.push import run_push
 
-    if not args.device and not args.group:
+    if args.resume is None and args.package is None:
+        print("edged push: error: name a package, or --resume FILE", file=sys.stderr)
+        return 2
+    if args.resume is None and not args.device and not args.group:
         print("edged push: error: name the devices (--device ID, repeatable) or a --group", file=sys.stderr)
         return 2
     mqtt_cfg = load_mqtt_config(args.config) if args.config else MqttConfig()
     update = {k: v for k, v in (("host", args.host), ("port", args.port), ("topic_prefix", args.prefix)) if v}
     mqtt_cfg = mqtt_cfg.model_copy(update=update)
     return run_push(
-        mqtt_cfg, args.package, args.device, args.group, args.canary, args.wait, args.timeout, args.discover_s
+        mqtt_cfg,
+        args.package,
+        args.device,
+        args.group,
+        args.canary,
+        args.wait,
+        args.timeout,
+        args.discover_s,
+        waves=args.waves,
+        max_failures=args.max_failures,
+        state=args.state,
+        resume=args.resume,
+        wait_offline_s=args.wait_offline,
     )

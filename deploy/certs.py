@@ -332,6 +332,8 @@ pattern write {p}/%u/ota/status
 # these (docs/subscriber.md, Commands).
 pattern write {p}/%u/cmd/+/reply
 pattern write {p}/%u/reply/#
+# a rollout's retained offer to a group (…/_groups/<group>/ota): read by every device, signed as every offer
+pattern read {p}/_groups/+/ota
 
 # The site's backend (CN = backend, `edged certs backend`; no device may be named so): reads every
 # device (results, status and its last will, group discovery, replies, OTA requests and status), sends
@@ -341,6 +343,8 @@ user backend
 topic read {p}/#
 topic write {p}/+/cmd/+
 topic write {p}/+/ota/data
+topic write {p}/_groups/+/ota
+topic readwrite {p}/_push/+/sync
 topic readwrite backend/#
 """
 _PREFIX_LEVEL = re.compile(r"^[A-Za-z0-9_.-]+$")

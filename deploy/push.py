@@ -41,7 +41,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edged.errors import Code, EdgedError, PublishError
+from edged.errors import PublishError
 from edged.models.package import Manifest, open_package
 from edged.models.storefiles import read_head
 from edged.protocol import topics
@@ -82,7 +82,9 @@ class Device:
 
 
 class Pusher:
-    def __init__(self, mqtt_cfg: MqttSettings, package: Path, out: TextIO = sys.stderr) -> None:
+    def __init__(
+        self, mqtt_cfg: MqttSettings, package: Path, out: TextIO = sys.stderr, transfer: str | None = None
+    ) -> None:
         self.prefix = mqtt_cfg.topic_prefix
         self.out = out
         self.manifest_bytes, self.sig_bytes = read_head(package)
@@ -91,7 +93,7 @@ class Pusher:
         self.manifest: Manifest = pkg.manifest
         self.files = {name: pkg.root / name for name in pkg.manifest.files}
         self.total = sum(e.size for e in pkg.manifest.files.values())
-        self.transfer = uuid.uuid4().hex[:16]
+        self.transfer = transfer or uuid.uuid4().hex[:16]  # a resumed rollout keeps its transfer id
         self._offers_until = 0.0  # monotonic: an offer must not outlive this pusher's wait for it
         self.replies = topics.push_replies(self.prefix, self.transfer)  # each device answers under its own root
         self.offer = offer_payload(offer_args(self.transfer, self.manifest_bytes, self.sig_bytes))
@@ -399,7 +401,7 @@ class Progress:
 
 def run_push(
     mqtt_cfg: MqttSettings,
-    package: Path,
+    package: Path | None,
     devices: list[str],
     group: str | None,
     canary: int,
@@ -407,46 +409,12 @@ def run_push(
     timeout_s: float,
     discover_s: float = 2.0,
     out: TextIO = sys.stderr,
+    **rollout: Any,
 ) -> int:
-    pusher = Pusher(mqtt_cfg, package, out)
-    print(
-        f"push: {pusher.ref} ({pusher.total / 2**20:.1f} MiB, transfer {pusher.transfer}) via "
-        f"{mqtt_cfg.host}:{mqtt_cfg.port}",
-        file=out,
-    )
-    try:
-        pusher.connect()
-        targets = list(dict.fromkeys(devices))
-        offline: list[str] = []
-        if group is not None:
-            online, offline = pusher.discover(group, discover_s)
-            print(f"push: group {group!r}: {len(online)} online, {len(offline)} offline", file=out)
-            targets += [d for d in online if d not in targets]
-        if not targets:
-            no_device = "no device to push to (no --device, and no online device in the group)"
-            raise EdgedError(no_device, code=Code.NO_DEVICES)
-        for dev in offline:
-            pusher.devices[dev] = Device(dev, total=pusher.total)
-            pusher.devices[dev].finish("offline", "its retained status says it is offline; skipped")
-        t0 = time.monotonic()
-        waves = [targets[:canary], targets[canary:]] if 0 < canary < len(targets) else [targets]
-        for i, wave in enumerate(waves):
-            is_canary = len(waves) == 2 and i == 0
-            if is_canary:
-                print(f"push: canary wave: {', '.join(wave)} (waiting for them to commit)", file=out)
-            elif len(waves) == 2:
-                print(f"push: canaries committed; the rest: {len(wave)} device(s)", file=out)
-            done = pusher.push(wave, "commit" if is_canary else wait, timeout_s)
-            failed = [d for d in done if not d.ok("commit" if is_canary else wait)]
-            if is_canary and failed:
-                for dev in waves[1]:
-                    pusher.devices[dev] = Device(dev, total=pusher.total)
-                    pusher.devices[dev].finish("skipped", f"canary {failed[0].id} {failed[0].state}; left untouched")
-                break
-        seconds = time.monotonic() - t0
-        return report(pusher, wait, seconds, out)
-    finally:
-        pusher.close()
+    """A push is a rollout (deploy/rollout.py: waves, thresholds, a state file to resume from)."""
+    from .rollout import start_rollout  # rollout.py builds on this module
+
+    return start_rollout(mqtt_cfg, package, devices, group, canary, wait, timeout_s, discover_s, out, **rollout)
 
 
 def report(pusher: Pusher, wait: Wait, seconds: float, out: TextIO) -> int:

@@ -25,6 +25,7 @@ MODEL_STATE_SCHEMA = "edged.model-state/1"
 OTA_OFFER_SCHEMA = "edged.ota_offer/1"  # the cmd/ota arguments; likewise
 OTA_REQUEST_SCHEMA = "edged.ota_request/1"  # ota/req; likewise
 OTA_CHUNK_HEADER_SCHEMA = "edged.ota_chunk/1"  # an ota/data chunk's header; likewise
+GROUP_OFFER_SCHEMA = "edged.group_offer/1"  # <prefix>/_groups/<group>/ota (retained)
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 # schema id -> its file in SCHEMA_DIR
@@ -38,6 +39,7 @@ FILES = {
     MODEL_STATE_SCHEMA: "model_state.schema.json",
     OTA_SCHEMA: "ota_status.schema.json",
     OTA_OFFER_SCHEMA: "ota_offer.schema.json",
+    GROUP_OFFER_SCHEMA: "group_offer.schema.json",
     OTA_REQUEST_SCHEMA: "ota_request.schema.json",
     OTA_CHUNK_HEADER_SCHEMA: "ota_chunk.schema.json",
 }

@@ -16,6 +16,12 @@ A device's topics live under its root, ``<topic_prefix>/<device_id>`` (default `
     …/ota/req                           out  0    no        edged.ota_request/1: a chunk the device asks for
     …/ota/data                          in   0    no        a chunk: [2-byte header length][header JSON][bytes]
     …/ota/status                        out  1    yes       edged.ota/1
+
+A fleet's topics live beside the devices' roots, under levels no device may take as its id (``_…``):
+
+    <prefix>/_groups/<group>/ota        in   1    yes       edged.group_offer/1: a rollout's signed offer
+                                                            to every device of the group (`edged push`)
+    <prefix>/_push/<transfer>/sync      -    1    no        discovery's fence: an `edged push` reads its own
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ MODEL_STATE = "model/state"
 OTA_REQUEST = "ota/req"
 OTA_DATA = "ota/data"
 OTA_STATUS = "ota/status"
+GROUPS = "_groups"  # a group's retained offer: <prefix>/_groups/<group>/ota
 PUSH = "_push"  # an ``edged push``'s replies under each device's own reply namespace: …/reply/_push/<transfer>
 MAX_TOPIC_BYTES = 1024  # the longest response topic a device replies on
 
@@ -106,6 +113,18 @@ def ota_data(root: str) -> str:
 
 def ota_status(root: str) -> str:
     return f"{root}/{OTA_STATUS}"
+
+
+def group_offer(prefix: str, group: str) -> str:
+    """A group's retained, signed offer (``edged push --group G`` publishes it when the rollout reaches its
+    last wave): a device of the group that was offline takes it when it connects again."""
+    return f"{prefix}/{GROUPS}/{group}/ota"
+
+
+def push_sync(prefix: str, transfer: str) -> str:
+    """Discovery's fence: an ``edged push`` publishes here once subscribed to every status; its own message
+    coming back means every retained status queued before it has arrived (the broker keeps the order)."""
+    return f"{prefix}/{PUSH}/{transfer}/sync"
 
 
 def every_status(prefix: str) -> str:
