@@ -40,7 +40,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     push.add_argument(
         "--waves",
         default="100",
-        metavar="P,P,…",
+        metavar="P,P,...",
         help="cumulative percentages of the devices (after the canaries), e.g. 1,10,50,100; every wave but the "
         "last waits for its devices to commit (default 100: one wave)",
     )

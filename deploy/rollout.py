@@ -5,7 +5,7 @@ A rollout is a JSON file (``edged.rollout/1``, written atomically after every ch
 when it starts), each device's outcome, the wave reached and how the rollout ended. It lives beside the
 operator, not on the broker: a file is what an operator can read, copy and delete, and a retained message
 would be readable (and clearable) by every client the ACL lets read the prefix. Its default place is
-``$XDG_STATE_HOME/edged/rollouts/<name>@<version>-<group or devices>.json`` (``~/.local/state``), so
+``$XDG_STATE_HOME/edged/rollouts/<name>@<version>-<group or devices>-<host>_<port>.json`` (``~/.local/state``), so
 running the same command again resumes it; ``--state FILE`` names another; ``--resume FILE`` takes
 everything (package, targets, waves, thresholds) from the file.
 
@@ -16,9 +16,11 @@ whole rollout are held against ``--max-failures`` (a count, or a percentage of t
 over it, the rest is left untouched (``skipped``), the group's offer is withdrawn and the exit status is 3.
 
 A resume (the same command again, or ``--resume``) keeps the transfer id, so a device downloading when
-the pusher stopped carries on with what it has; it never offers to a device that succeeded (nor to one
-whose retained model state already runs the version committed), nor again to one that failed; the
-others (offered, downloading, timed out, offline) are offered again. An aborted rollout is not resumed
+the pusher stopped carries on with what it has; it never offers to a device whose retained model state
+runs the version committed (whatever the file says), nor again to one that failed; the others (offered,
+downloading, timed out, offline, and one recorded as succeeded whose model state says otherwise) are
+offered again. A finished rollout is not resumed: the same command again starts a new one (with a new
+transfer id; devices already current answer ``unchanged``). An aborted rollout is not resumed
 (remove its file to start over).
 
 With ``--group``, when the rollout reaches its last wave the offer is also published, retained, on the
@@ -106,12 +108,13 @@ def plan_waves(targets: list[str], canary: int, waves: list[float]) -> list[list
     return plan
 
 
-def default_state_path(ref: str, group: str | None, devices: list[str]) -> Path:
+def default_state_path(ref: str, group: str | None, devices: list[str], broker: str) -> Path:
+    """One file per package, target and broker (`broker`: ``host_port``): the same command finds it again."""
     base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
     target = (
         f"group-{group}" if group else "devices-" + hashlib.sha256(",".join(sorted(devices)).encode()).hexdigest()[:8]
     )
-    return base / "edged" / "rollouts" / f"{ref}-{target}.json"
+    return base / "edged" / "rollouts" / f"{ref}-{target}-{broker}.json"
 
 
 @dataclass
@@ -173,12 +176,19 @@ class Rollout:
         return [dev for wave in self.plan for dev in wave]
 
 
-def open_rollout(state: Path, package: Path, fresh: Rollout) -> Rollout:
+def open_rollout(state: Path, fresh: Rollout, named: bool, out: TextIO) -> Rollout:
     """The rollout at `state` when it is this package's (a resume), else `fresh`; RolloutError when the file
-    is another package's rollout or an aborted one."""
+    is an aborted rollout, or another package's where the operator `named` the file (the default file of
+    another package of this name and version is replaced: a rebuilt package starts a new rollout)."""
     if not state.exists():
         return fresh
     old = Rollout.load(state)
+    if old.status == "done":  # finished: running it again is a new rollout (current devices say unchanged)
+        print(f"push: the rollout in {state} finished; a new one replaces it", file=out)
+        return fresh
+    if old.manifest_sha256 != fresh.manifest_sha256 and not named:
+        print(f"push: {state} was the rollout of another build of {old.ref}: a new rollout replaces it", file=out)
+        return fresh
     if old.manifest_sha256 != fresh.manifest_sha256:
         raise RolloutError(
             f"{state} is the rollout of {old.ref} (another package); name another --state or remove it",
@@ -196,8 +206,8 @@ def new_rollout(
     package: Path, group: str | None, devices: list[str], waves: list[float], canary: int, max_failures: str, wait: Wait
 ) -> tuple[str, str, Rollout]:
     """(manifest sha256, ref, a fresh rollout without a path)."""
-    manifest_bytes, _ = read_head(package)
-    sha = hashlib.sha256(manifest_bytes).hexdigest()
+    manifest_bytes, sig_bytes = read_head(package)
+    sha = hashlib.sha256(manifest_bytes + sig_bytes).hexdigest()  # the signed package's identity
     m = json.loads(manifest_bytes)
     ref = f"{m.get('name')}@{m.get('version')}"
     transfer = sha[:8] + os.urandom(4).hex()
@@ -287,10 +297,10 @@ def _waves(
 ) -> int:
     last = len(r.plan) - 1
     for i, wave in enumerate(r.plan):
-        if i < r.wave and all(r.state_of(d) in OK + FAILED for d in wave):
-            continue
-        todo = [d for d in wave if r.state_of(d) not in OK + FAILED]
-        done = len(wave) - len(todo)
+        # a device recorded as succeeded is offered again only if its retained model state does not run the
+        # version (rolled back since, or another broker's device of the same name): `run_wave` checks
+        todo = [d for d in wave if r.state_of(d) not in FAILED]
+        done = sum(1 for d in wave if r.state_of(d) in OK)
         wait: Wait = r.wait if i == last else "commit"
         name = "canary wave" if i == 0 and r.canary and len(r.plan) > 1 else f"wave {i + 1}/{len(r.plan)}"
         print(
@@ -324,7 +334,11 @@ def _waves(
                 r.outcomes[dev] = {"state": d.state, "error": d.error}
         r.wave = i + 1
         failures = r.failures()
-        if len(failures) > allowed:
+        if len(failures) > allowed and i == last:  # nothing left to abort; devices away must not take it
+            if r.group is not None:
+                pusher.client.publish(topics.group_offer(pusher.prefix, r.group), b"", qos=1, retain=True)
+                print(f"push: {len(failures)} failure(s): the group's offer is withdrawn", file=out)
+        elif len(failures) > allowed:
             skipped = [d for w in r.plan[i + 1 :] for d in w if r.state_of(d) not in OK + FAILED]
             for dev in skipped:
                 r.outcomes[dev] = {"state": "skipped", "error": "left untouched: the rollout aborted"}
@@ -391,15 +405,16 @@ def start_rollout(
     try:
         if resume is not None:
             r = Rollout.load(resume)
-            if r.status == "aborted":
-                raise RolloutError(f"{resume}: this rollout was aborted ({r.reason}); remove the file to start it over")
+            if r.status in ("aborted", "done"):
+                why = f"was aborted ({r.reason})" if r.status == "aborted" else "finished (push again for a new one)"
+                raise RolloutError(f"{resume}: this rollout {why}; nothing to resume")
         elif package is None:
             raise ValueError("a package, or --resume FILE")
         else:
             allowed_failures(max_failures, 1)  # a usage error before anything is sent
             _, ref, fresh = new_rollout(package, group, devices, parse_waves(waves), canary, max_failures, wait)
-            fresh.path = state or default_state_path(ref, group, devices)
-            r = open_rollout(fresh.path, package, fresh)
+            fresh.path = state or default_state_path(ref, group, devices, f"{mqtt_cfg.host}_{mqtt_cfg.port}")
+            r = open_rollout(fresh.path, fresh, state is not None, out)
     except (ValueError, RolloutError) as exc:
         print(f"edged push: error: {exc}", file=out)
         return 2
