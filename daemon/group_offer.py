@@ -89,7 +89,7 @@ class GroupOffers:
             return
         seen = self._seen()
         if offer.transfer in seen:
-            logger.debug("ota: group %s offer %s already taken", offer.group, offer.transfer)
+            logger.info("ota: group %s's offer %s was taken before; ignored", offer.group, offer.transfer)
             return
         write_atomic(self._seen_path, json.dumps(([*seen, offer.transfer])[-MAX_REMEMBERED:]).encode())
         self.taken += 1

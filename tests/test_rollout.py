@@ -22,6 +22,7 @@ from edged.models.demo import DemoAssets
 from edged.models.signing import SigningKey
 from tests.conftest import REPO, Broker, DaemonProc, Subscriber, edged_cli, free_port, wait_until, write_config
 from tests.test_ota import MODEL, build, device_doc, install, serving
+from tests.test_site import acked, connect, shipped, site, subscribed  # noqa: F401  (fixtures: a real site)
 
 
 def test_waves_thresholds_and_the_plan() -> None:
@@ -206,3 +207,110 @@ def test_a_failing_wave_aborts_the_rest(
     assert offers(sub) == {"cam-01": 1}
     for d in daemons:
         assert d.stop() == 0
+
+
+def test_a_state_file_of_another_package_is_refused_and_the_default_one_is_replaced(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edged.daemon.config import MqttConfig
+    from edged.deploy.rollout import default_state_path, new_rollout, start_rollout
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    from edged.models.signing import generate_key, load_signing_key
+
+    other = load_signing_key(generate_key(tmp_path / "other")[0])
+    a, b = build(demo, tmp_path, signer, 2), build(demo, tmp_path, other, 2)  # the same version, signed again
+    _, ref, r = new_rollout(a, "dock", [], [100.0], 0, "0", "swap")
+    r.path = tmp_path / "named.json"
+    r.status = "stopped"
+    r.save()
+    out = tmp_path / "out.txt"
+    cfg = MqttConfig(host="127.0.0.1", port=1)  # nothing is sent: refused before connecting
+    with open(out, "w") as f:
+        assert start_rollout(cfg, b, [], "dock", 0, "swap", 10, out=f, state=r.path) == 2
+    assert "another package" in out.read_text()
+    r.status = "aborted"
+    r.reason = "2 failure(s)"
+    r.save()
+    with open(out, "w") as f:
+        assert start_rollout(cfg, None, [], None, 0, "swap", 10, out=f, resume=r.path) == 2
+    assert "aborted (2 failure(s))" in out.read_text()
+    assert (
+        default_state_path(ref, "dock", [], "h_1")
+        == tmp_path / "xdg" / "edged" / "rollouts" / f"{ref}-group-dock-h_1.json"
+    )
+
+
+def test_sigterm_stops_a_rollout_that_resumes_later(
+    broker: Broker, demo: DemoAssets, tmp_path: Path, signer: SigningKey
+) -> None:
+    """SIGTERM means Ctrl-C: the state is saved as stopped, exit 130, the resume command printed."""
+    state = tmp_path / "rollout.json"
+    cmd = push_cmd(broker, str(build(demo, tmp_path, signer, 2)), "--device", "ghost", "--state", str(state))
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    assert p.stderr is not None
+    lines = []
+    for line in p.stderr:
+        lines.append(line)
+        if "wave 1/1" in line:
+            break
+    p.send_signal(signal.SIGTERM)
+    rest = p.communicate(timeout=30)[1]
+    assert p.returncode == 130, "".join(lines) + rest
+    assert f"edged push --resume {state}" in rest
+    doc = json.loads(state.read_text())
+    assert doc["status"] == "stopped" and doc["plan"] == [["ghost"]], doc
+
+
+def test_a_group_offer_older_than_the_device_runs_is_refused_once(
+    broker: Broker,
+    demo: DemoAssets,
+    tmp_path: Path,
+    signer: SigningKey,
+    start_daemon: Callable[..., DaemonProc],
+    subscribe: Callable[..., Subscriber],
+) -> None:
+    """A retained group offer of v2 to a device on v3: refused (older_version) on its ota/status, and not
+    taken again when the device connects again (a restart)."""
+    from edged.models.storefiles import read_head
+    from edged.protocol.ota import group_offer_payload, offer_args
+
+    cfgs = fleet(broker, demo, tmp_path, signer, ["cam-01"], version=3)
+    sub = subscribe(broker, "edged/cam-01/ota/status")
+    manifest, sig = read_head(build(demo, tmp_path, signer, 2))
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"ops-{free_port()}", protocol=mqtt.MQTTv5)
+    c.connect(broker.host, broker.port)
+    c.loop_start()
+    payload = group_offer_payload("dock", offer_args("rollout-older", manifest, sig))
+    c.publish("edged/_groups/dock/ota", payload, qos=1, retain=True).wait_for_publish(10)
+    c.disconnect()
+    c.loop_stop()
+    d = serving(start_daemon(cfgs["cam-01"]))
+
+    def refused() -> list[dict[str, Any]]:
+        docs = [m.json() for m in sub.on("ota/status") if m.payload]
+        return [x for x in docs if x["transfer"] == "rollout-older" and x["state"] == "rejected"]
+
+    wait_until(lambda: bool(refused()), 30, "the group offer refused")
+    assert refused()[0]["error"]["code"] == "older_version"
+    assert d.stop() == 0
+    d2 = serving(start_daemon(cfgs["cam-01"]))
+    wait_until(lambda: "offer rollout-older was taken before" in d2.output(), 30, "the offer seen again")
+    assert d2.stop() == 0
+    assert "taking group dock's offer" in d.output() and "taking group dock's offer" not in d2.output()
+    assert current(tmp_path, "cam-01") == 3
+
+
+def test_the_shipped_acl_carries_a_group_offer_and_the_fence(shipped: Any, connect: Any) -> None:  # noqa: F811
+    """The backend writes a group's retained offer and discovery's fence; every device reads the offer and
+    none can write it (a device could otherwise offer to the whole group)."""
+    backend, seen = connect(shipped, "backend")
+    cam1, got1 = connect(shipped, "cam-01")
+    subscribed(backend, "edged/_push/+/sync")
+    assert not acked(backend, "edged/_push/0123456789abcdef/sync", b"fence").is_failure
+    wait_until(lambda: any(m.topic.endswith("/sync") for m in list(seen)), 5, "the fence back")
+    assert acked(cam1, "edged/_groups/dock/ota").value == 0x87
+    assert acked(cam1, "edged/_push/0123456789abcdef/sync").value == 0x87
+    subscribed(cam1, "edged/_groups/dock/ota")
+    assert not acked(backend, "edged/_groups/dock/ota", b'{"offer": 1}').is_failure
+    wait_until(lambda: any(m.topic == "edged/_groups/dock/ota" for m in list(got1)), 5, "the offer at the device")
