@@ -34,6 +34,7 @@ or another rollout's state; 3 aborted (over the threshold); 130 stopped (resume 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -42,6 +43,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -310,8 +312,9 @@ def _waves(
             file=out,
         )
         follow: list[str] = []
+        group_offer: Callable[[], None] | None = None
         if i == last and r.group is not None:
-            _publish_group_offer(pusher, r.group)
+            group_offer = functools.partial(_publish_group_offer, pusher, r.group)
             follow = [d for d in r.offline if r.state_of(d) not in OK + FAILED]
         r.wave = i
         r.save()
@@ -320,7 +323,7 @@ def _waves(
             r.record([d for d in pusher.devices.values() if d.active])
             r.save(force=False)
 
-        pusher.run_wave(todo, follow, wait, timeout_s, tick)  # followers that come back meanwhile are served
+        pusher.run_wave(todo, follow, wait, timeout_s, tick, offered=group_offer)  # followers back are served
         r.record([pusher.devices[d] for d in todo])
         still = [d for d in follow if pusher.devices[d].state == "offline"]
         if still and wait_offline_s > 0:

@@ -36,6 +36,8 @@ from .push import MAX_CHUNK, TAKE_BACK_S, Device, Progress, Pusher, Wait
 MAX_OUT_BYTES = 32 << 20  # chunk bytes handed to paho and not yet written to the socket
 MAX_PENDING_PER_DEVICE = 32  # chunk requests waiting per device (a device asks `ota.window` at a time)
 FENCE = b"fence"
+MAX_PROGRESS_LINES = 50  # a wave bigger than this prints a line of counts every SUMMARY_EVERY_S instead
+SUMMARY_EVERY_S = 5.0
 
 
 class RolloutPusher(Pusher):
@@ -128,11 +130,13 @@ class RolloutPusher(Pusher):
         timeout_s: float,
         tick: Any = None,
         wait_follow: bool = False,
+        offered: Any = None,
     ) -> list[Device]:
         """Offer to `ids` and follow them (and `follow`, never offered to: served once they take the
         group's offer) until each has an outcome or `timeout_s` passes; a device of `follow` not heard
         from yet is waited for only with `wait_follow`. `tick()` is called about every 0.2 s (the rollout
-        saves its state there)."""
+        saves its state there); `offered()` once the offers are out (the group's offer is published then,
+        when every device of the wave is subscribed to)."""
         self.wave_wait = wait
         self.silent = set(follow)
         wave: list[Device] = []
@@ -157,7 +161,10 @@ class RolloutPusher(Pusher):
                     d.error = "already committed (its retained model state)"
             if d.ended is None and d.id not in self.silent:
                 self._offer(d)
-        progress = Progress(self.out, wave) if len(wave) <= 50 else None
+        if offered is not None:
+            offered()
+        progress = Progress(self.out, wave) if len(wave) <= MAX_PROGRESS_LINES else None
+        next_summary = time.monotonic() + SUMMARY_EVERY_S
         while True:
             with self._lock:
                 pending = [
@@ -179,6 +186,9 @@ class RolloutPusher(Pusher):
                 self._offer(d)
             if progress is not None:
                 progress.draw()
+            elif time.monotonic() >= next_summary:  # a big wave: one line of counts
+                next_summary = time.monotonic() + SUMMARY_EVERY_S
+                self.summary(wave, wait)
             if tick is not None:
                 tick()
             if not pending:
@@ -193,11 +203,25 @@ class RolloutPusher(Pusher):
             time.sleep(0.2)
         if progress is not None:
             progress.draw(final=True)
+        else:
+            self.summary(wave, wait)
         for d in wave:
             d.active = False
             if d.ended is None:
                 d.finish(d.state)
         return wave
+
+    def summary(self, wave: list[Device], wait: Wait) -> None:
+        with self._lock:
+            ok = sum(1 for d in wave if d.ok(wait))
+            bad = sum(1 for d in wave if d.ended is not None and not d.ok(wait) and d.state != "offline")
+            moving = sum(d.bytes for d in wave if d.ended is None)
+        print(
+            f"push: {ok} of {len(wave)} done, {bad} failed, {len(wave) - ok - bad} in progress "
+            f"({moving / 2**20:.1f} MiB downloaded by those); sending {self.out_bytes / 2**20:.1f} MiB",
+            file=self.out,
+            flush=True,
+        )
 
     def _offer(self, d: Device) -> None:
         if d.id not in self.silent:
