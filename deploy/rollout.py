@@ -306,8 +306,9 @@ def _waves(
         wait: Wait = r.wait if i == last else "commit"
         name = "canary wave" if i == 0 and r.canary and len(r.plan) > 1 else f"wave {i + 1}/{len(r.plan)}"
         print(
-            f"push: {name}: {len(todo)} device(s)"
-            + (f" ({done} done before)" if done else "")
+            f"push: {name}: {len(wave)} device(s)"
+            + (f", {done} done before (offered again only if their model state says otherwise)" if done else "")
+            + (f", {len(wave) - len(todo)} failed before (not offered again)" if len(todo) < len(wave) else "")
             + f", waiting for {wait}",
             file=out,
         )

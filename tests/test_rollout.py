@@ -112,10 +112,12 @@ def rollout_kill_resume_catch_up(
     with open(log, "w") as out:
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=REPO)
 
-    def in_last_wave() -> bool:
-        return "wave 2/2" in log.read_text() or p.poll() is not None
+    def downloading_in_last_wave() -> bool:  # killed while the last wave's devices download, if it can be seen
+        text = log.read_text()
+        last = text.partition("wave 2/2")[2]
+        return any(s in last for s in ("downloading", "verifying", "installing", "probation")) or p.poll() is not None
 
-    wait_until(in_last_wave, 240, "the rollout to reach its last wave")
+    wait_until(downloading_in_last_wave, 240, "the rollout's last wave to download")
     assert p.poll() is None, log.read_text()
     p.send_signal(signal.SIGKILL)  # killed in the middle: nothing flushed at exit
     p.wait(10)
