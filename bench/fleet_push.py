@@ -203,12 +203,15 @@ def main() -> int:
     ap.add_argument("--chunk-kb", type=int, default=64)
     ap.add_argument("--window", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument(
+        "--max-queued", type=int, default=100000, help="mosquitto's max_queued_messages (the shipped edged.conf's)"
+    )
     ap.add_argument("--skip-plain", action="store_true", help="only `edged push` as shipped")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="fleet-push-"))
     port = 20000 + os.getpid() % 20000
     conf = tmp / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 10000\n")
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages {args.max_queued}\n")
     broker = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     procs: list[mp.Process] = []
     stop = mp.Event()

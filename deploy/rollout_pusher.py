@@ -38,6 +38,7 @@ MAX_PENDING_PER_DEVICE = 32  # chunk requests waiting per device (a device asks 
 FENCE = b"fence"
 MAX_PROGRESS_LINES = 50  # a wave bigger than this prints a line of counts every SUMMARY_EVERY_S instead
 SUMMARY_EVERY_S = 5.0
+QUEUE_WARN = 1000  # statuses at discovery from which a broker's queue limit may have cut some off
 
 
 class RolloutPusher(Pusher):
@@ -92,6 +93,13 @@ class RolloutPusher(Pusher):
         if not self.fence(max(wait_s, 10.0)):
             print(f"push: the discovery fence did not come back; using what arrived in {wait_s:.0f} s", file=self.out)
             time.sleep(wait_s)
+        if len(self._statuses) >= QUEUE_WARN:
+            print(
+                f"push: {len(self._statuses)} retained statuses: a broker sends one subscriber at most its "
+                "max_queued_messages (+ max_inflight_messages) at once and drops the rest silently; the shipped "
+                "edged.conf sets 100000 (mosquitto's default of 1000 would hide devices beyond 1020)",
+                file=self.out,
+            )
         online: list[str] = []
         offline: list[str] = []
         with self._lock:
