@@ -70,7 +70,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "the group's retained offer (default 0)",
     )
     push.add_argument("--timeout", type=float, default=900.0, metavar="S", help="per wave (default 900)")
-    push.add_argument("--discover-s", type=float, default=2.0, metavar="S", help="time to collect a group (2)")
+    push.add_argument(
+        "--discover-s",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="time to collect a group when discovery's fence does not come back (an ACL without it) (2)",
+    )
     push.add_argument("-c", "--config", type=Path, help="a config file whose mqtt section to use (TLS, credentials)")
     push.add_argument("--host", help="broker host (default: the config's, else 127.0.0.1)")
     push.add_argument("--port", type=int, help="broker port (default: the config's, else 1883)")
