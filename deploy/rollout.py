@@ -26,7 +26,10 @@ transfer id; devices already current answer ``unchanged``). An aborted rollout i
 With ``--group``, when the rollout reaches its last wave the offer is also published, retained, on the
 group's topic (`edged.protocol.topics.group_offer`): a device of the group that was offline takes it when
 it connects again (`edged.daemon.group_offer`), still refused if older than what it runs or rolled back
-there. The pusher follows such devices (``--wait-offline S`` after the last wave) and serves them.
+there. The pusher follows such devices (``--wait-offline S`` after the last wave) and serves them. The
+retained offer lives only while a pusher serves it: it expires (MQTT v5 Message Expiry) when this one
+stops waiting and is withdrawn when it exits, so a device back later never starts a transfer nobody
+serves (pushing again serves it: a new rollout).
 
 Exit status: 0 every device succeeded; 1 some did not (within the threshold), or stayed offline; 2 usage
 or another rollout's state; 3 aborted (over the threshold); 130 stopped (resume it).
@@ -48,6 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
+
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from edged.errors import Code, EdgedError
 from edged.models.storefiles import read_head, write_atomic
@@ -264,6 +270,7 @@ def run_rollout(
     finally:
         if old_handler is not None:
             signal.signal(signal.SIGTERM, old_handler)
+        _withdraw_group_offer(pusher)  # nobody serves it once we are gone (a SIGKILL leaves it to expire)
         pusher.close()
 
 
@@ -315,7 +322,7 @@ def _waves(
         follow: list[str] = []
         group_offer: Callable[[], None] | None = None
         if i == last and r.group is not None:
-            group_offer = functools.partial(_publish_group_offer, pusher, r.group)
+            group_offer = functools.partial(_publish_group_offer, pusher, r.group, timeout_s + wait_offline_s + 30)
             follow = [d for d in r.offline if r.state_of(d) not in OK + FAILED]
         r.wave = i
         r.save()
@@ -333,21 +340,20 @@ def _waves(
         for dev in follow:
             d = pusher.devices.get(dev)
             if d is None or d.state == "offline" or d.ended is None:
-                r.outcomes[dev] = {"state": "offline", "error": "offline; the group's retained offer waits for it"}
+                r.outcomes[dev] = {"state": "offline", "error": "offline; push again to serve it when it is back"}
             else:
                 r.outcomes[dev] = {"state": d.state, "error": d.error}
         r.wave = i + 1
         failures = r.failures()
         if len(failures) > allowed and i == last:  # nothing left to abort; devices away must not take it
-            if r.group is not None:
-                pusher.client.publish(topics.group_offer(pusher.prefix, r.group), b"", qos=1, retain=True)
+            if pusher.group_offered is not None:
+                _withdraw_group_offer(pusher)
                 print(f"push: {len(failures)} failure(s): the group's offer is withdrawn", file=out)
         elif len(failures) > allowed:
             skipped = [d for w in r.plan[i + 1 :] for d in w if r.state_of(d) not in OK + FAILED]
             for dev in skipped:
                 r.outcomes[dev] = {"state": "skipped", "error": "left untouched: the rollout aborted"}
-            if r.group is not None:
-                pusher.client.publish(topics.group_offer(pusher.prefix, r.group), b"", qos=1, retain=True)
+            _withdraw_group_offer(pusher)
             r.status = "aborted"
             r.reason = f"{len(failures)} failure(s) ({', '.join(failures[:5])}) over --max-failures {r.max_failures}"
             r.save()
@@ -366,15 +372,30 @@ def _ok_swap(r: Rollout, dev: str) -> bool:
     return r.wait == "swap" and r.state_of(dev) == "probation"
 
 
-def _publish_group_offer(pusher: RolloutPusher, group: str) -> None:
-    """The rollout's offer, retained on the group's topic: devices offline now take it when they return."""
+def _publish_group_offer(pusher: RolloutPusher, group: str, serve_s: float) -> None:
+    """The rollout's offer, retained on the group's topic: devices offline now take it when they return.
+    It expires (MQTT v5 Message Expiry) when this pusher stops serving (`serve_s`), and is withdrawn when
+    it exits: a device that comes back later never starts a transfer nobody serves."""
+    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    props.MessageExpiryInterval = max(1, math.ceil(serve_s))
     info = pusher.client.publish(
         topics.group_offer(pusher.prefix, group),
         group_offer_payload(group, offer_args(pusher.transfer, pusher.manifest_bytes, pusher.sig_bytes)),
         qos=1,
         retain=True,
+        properties=props,
     )
     info.wait_for_publish(10)
+    pusher.group_offered = group
+
+
+def _withdraw_group_offer(pusher: RolloutPusher) -> None:
+    """An empty retained message on the group's topic (devices ignore it)."""
+    if pusher.group_offered is None or not pusher.client.is_connected():
+        return
+    info = pusher.client.publish(topics.group_offer(pusher.prefix, pusher.group_offered), b"", qos=1, retain=True)
+    pusher.group_offered = None
+    info.wait_for_publish(5)
 
 
 def _final_report(pusher: RolloutPusher, r: Rollout, seconds: float, out: TextIO) -> None:

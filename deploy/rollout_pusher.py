@@ -61,6 +61,7 @@ class RolloutPusher(Pusher):
         self._send_cv = threading.Condition()
         self._fenced = threading.Event()
         self._model_states: dict[str, dict[str, Any]] = {}
+        self.group_offered: str | None = None  # the group whose retained offer we published
         self.silent: set[str] = set()  # followed, never offered to (offline: the group offer is theirs)
         self.wave_wait: Wait = "swap"
         self._sending = True
@@ -204,7 +205,7 @@ class RolloutPusher(Pusher):
             if time.monotonic() > deadline:
                 for d in pending:
                     if d.id in self.silent and d.state == "offline":
-                        d.finish("offline", "did not come back during the rollout; the group offer waits for it")
+                        d.finish("offline", "did not come back while the rollout ran; push again to serve it")
                     else:
                         d.finish("timed_out", f"no outcome within {timeout_s:.0f} s (last state: {d.state})")
                 break

@@ -149,6 +149,10 @@ def rollout_kill_resume_catch_up(
         assert sent.get(dev) == 1, (dev, sent)
     assert late not in sent, sent  # caught up through the group's offer alone
     assert "taking group dock's offer" in daemons[late].output()
+    offers_to_group = lambda: sub.on("_groups/dock/ota")  # noqa: E731
+    assert any(m.payload for m in offers_to_group())
+    # nobody serves the group's offer once the pusher is gone: withdrawn
+    wait_until(lambda: offers_to_group()[-1].payload == b"", 10, "the group's offer withdrawn")
     final = json.loads(state.read_text())
     assert final["status"] == "done" and final["outcomes"][late]["state"] in ("probation", "committed"), final
     for d in daemons.values():
