@@ -17,9 +17,9 @@ over it, the rest is left untouched (``skipped``), the group's offer is withdraw
 
 A resume (the same command again, or ``--resume``) keeps the transfer id, so a device downloading when
 the pusher stopped carries on with what it has; it never offers to a device whose retained model state
-runs the version committed (whatever the file says), nor again to one that failed; the others (offered,
-downloading, timed out, offline, and one recorded as succeeded whose model state says otherwise) are
-offered again. A finished rollout is not resumed: the same command again starts a new one (with a new
+runs the version committed (whatever the file says), nor again to one that failed (timed out included);
+the others (offered, downloading, offline, and one recorded as succeeded whose model state says
+otherwise) are offered again. A finished rollout is not resumed: the same command again starts a new one (with a new
 transfer id; devices already current answer ``unchanged``). An aborted rollout is not resumed
 (remove its file to start over).
 
