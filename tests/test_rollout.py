@@ -20,7 +20,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edged.deploy.rollout import allowed_failures, parse_waves, plan_waves
 from edged.models.demo import DemoAssets
 from edged.models.signing import SigningKey
-from tests.conftest import REPO, Broker, DaemonProc, Subscriber, edged_cli, free_port, wait_until, write_config
+from tests.conftest import REPO, Broker, DaemonProc, Message, Subscriber, edged_cli, free_port, wait_until, write_config
 from tests.test_ota import MODEL, build, device_doc, install, serving
 from tests.test_site import acked, connect, shipped, site, subscribed  # noqa: F401  (fixtures: a real site)
 
@@ -149,7 +149,10 @@ def rollout_kill_resume_catch_up(
         assert sent.get(dev) == 1, (dev, sent)
     assert late not in sent, sent  # caught up through the group's offer alone
     assert "taking group dock's offer" in daemons[late].output()
-    offers_to_group = lambda: sub.on("_groups/dock/ota")  # noqa: E731
+
+    def offers_to_group() -> list[Message]:
+        return sub.on("_groups/dock/ota")
+
     assert any(m.payload for m in offers_to_group())
     # nobody serves the group's offer once the pusher is gone: withdrawn
     wait_until(lambda: offers_to_group()[-1].payload == b"", 10, "the group's offer withdrawn")
