@@ -16,11 +16,13 @@ report) instead of waiting its whole timeout for statuses of its own; a device t
 followed transfer go quiet while downloading (its pusher gone), the pusher offers again and so takes
 the transfer back and serves it itself. Another package offered meanwhile is refused (``busy``).
 
-A group (``--group G``) is the devices whose retained ``…/status`` lists G among its groups; offline
-ones are reported and skipped. ``--canary N`` pushes to N devices first and waits until they commit
-(probation passed); if any of them rejects, fails or rolls back, the rest are left untouched.
+A group (``--group G``) is the devices whose retained ``…/status`` lists G among its groups. Which
+devices get the offer when (``--canary N``, ``--waves``), when the rest is abandoned (``--max-failures``),
+what devices that were offline get (the group's retained offer) and how a stopped push resumes: a push
+is a rollout, deploy/rollout.py (its pusher, `RolloutPusher` in deploy/rollout_pusher.py, extends this one).
 
-Exit status: 0 when every device succeeded, 1 when any did not (each is reported), 2 for usage.
+Exit status: 0 when every device succeeded, 1 when any did not (each is reported), 2 for usage, 3 when
+the rollout aborted, 130 when stopped (resumable).
 """
 
 from __future__ import annotations
