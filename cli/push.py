@@ -13,13 +13,19 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="push a signed model package to devices over MQTT, with progress",
         description="Offer a signed package on each device's cmd/ota; each device checks the manifest "
         "before anything is sent, then pulls the files in chunks it asks for, installs, swaps and "
-        "reports. Resumes across broker outages and device restarts. Exit 0 when every device succeeded, "
-        "1 when any did not (each is listed).",
+        "reports. Resumes across broker outages and device restarts. A push is a rollout: waves, an abort "
+        "threshold, and a state file from which a stopped push resumes (the same command again, or --resume). "
+        "Exit 0 when every device succeeded, 1 when any did not (each is listed), 3 when the rollout aborted "
+        "(over --max-failures), 130 when stopped (resumable).",
         epilog="examples:\n  edged push faces-8.tar --device orin-07\n"
-        "  edged push faces-8.tar --group dock --canary 2 --wait commit -c operator.yaml",
+        "  edged push faces-8.tar --group dock --canary 2 --wait commit -c operator.yaml\n"
+        "  edged push faces-8.tar --group dock --waves 1,10,50,100 --max-failures 2%\n"
+        "  edged push --resume ~/.local/state/edged/rollouts/faces@8-group-dock.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    push.add_argument("package", type=Path, help="a signed package tar (edged model pack --key)")
+    push.add_argument(
+        "package", type=Path, nargs="?", help="a signed package tar (edged model pack --key); not with --resume"
+    )
     push.add_argument("--device", action="append", default=[], metavar="ID", help="a device id (repeatable)")
     push.add_argument("--group", metavar="G", help="every online device whose status lists group G (config `groups`)")
     push.add_argument(
@@ -31,8 +37,46 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default="swap",
         help="success is the device serving the new version on probation (swap, default) or after it (commit)",
     )
+    push.add_argument(
+        "--waves",
+        default="100",
+        metavar="P,P,...",
+        help="cumulative percentages of the devices (after the canaries), e.g. 1,10,50,100; every wave but the "
+        "last waits for its devices to commit (default 100: one wave)",
+    )
+    push.add_argument(
+        "--max-failures",
+        default="0",
+        metavar="N|P%",
+        help="failures (rejected, failed, rolled back, timed out) the rollout tolerates before it aborts the "
+        "waves left: a count or a percentage of the devices (default 0)",
+    )
+    push.add_argument(
+        "--state",
+        type=Path,
+        metavar="FILE",
+        help="the rollout's state file (default: $XDG_STATE_HOME/edged/rollouts/<name>@<version>-<target>.json); "
+        "an existing one of the same package is resumed",
+    )
+    push.add_argument(
+        "--resume", type=Path, metavar="FILE", help="resume the rollout in FILE (package, devices, waves from it)"
+    )
+    push.add_argument(
+        "--wait-offline",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="after the last wave, follow the group's offline devices this long as they come back and take "
+        "the group's retained offer (default 0)",
+    )
     push.add_argument("--timeout", type=float, default=900.0, metavar="S", help="per wave (default 900)")
-    push.add_argument("--discover-s", type=float, default=2.0, metavar="S", help="time to collect a group (2)")
+    push.add_argument(
+        "--discover-s",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="time to collect a group when discovery's fence does not come back (an ACL without it) (2)",
+    )
     push.add_argument(
         "--mirror",
         metavar="DIR_OR_URL",
@@ -58,8 +102,11 @@ def _push(args: argparse.Namespace) -> int:
     from edged.deploy.mirror import Mirror, is_url, stage
     from edged.deploy.push import run_push
 
-    if not args.device and not args.group:
-        if args.mirror and not is_url(args.mirror):  # only onto the mirror: nothing offered
+    if args.resume is None and args.package is None:
+        print("edged push: error: name a package, or --resume FILE", file=sys.stderr)
+        return 2
+    if args.resume is None and not args.device and not args.group:
+        if args.mirror and args.package is not None and not is_url(args.mirror):  # only onto the mirror
             for line in stage(args.package, Path(args.mirror), args.mirror_url):
                 print(line)
             return 0
@@ -85,4 +132,9 @@ def _push(args: argparse.Namespace) -> int:
         args.timeout,
         args.discover_s,
         mirror=mirror,
+        waves=args.waves,
+        max_failures=args.max_failures,
+        state=args.state,
+        resume=args.resume,
+        wait_offline_s=args.wait_offline,
     )

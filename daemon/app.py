@@ -36,6 +36,7 @@ from .config import Config
 from .control import Control
 from .events import Scenes, decode_options
 from .governor import Governor
+from .group_offer import GroupOffers
 from .health import HealthServer, Probe
 from .homeassistant import HomeAssistant
 from .inference import ActiveModel, InferenceLoop, Result
@@ -144,6 +145,7 @@ class Daemon:
             on_event=self._event,
         )
         self.ota: OtaReceiver | None = None
+        self.group_offers: GroupOffers | None = None
         if self.store is not None and cfg.ota.enabled:
             self.ota = OtaReceiver(
                 cfg.ota,
@@ -154,6 +156,9 @@ class Daemon:
                 self.stop_event,
             )
             self.publisher.route("ota/data", self.ota.on_data)
+            offers = self.group_offers = GroupOffers(self.ota, cfg.state_dir, self.stop_event)
+            for group in cfg.groups:  # a rollout's retained offer to the group: taken when we connect
+                self.publisher.inbox.route_topic(topics.group_offer(cfg.mqtt.topic_prefix, group), offers.on_message)
         self.stop_reason = ""
         self.failure = ""
         self.governor: Governor | None = None
@@ -314,6 +319,8 @@ class Daemon:
         self.models.publish_state()
         if self.ota is not None:
             self.ota.resume()
+        if self.group_offers is not None:
+            self.group_offers.start()
         for c in self.cameras:
             c.start()
         self.loop.start()

@@ -336,6 +336,8 @@ pattern write {p}/%u/reply/#
 # per-camera states and its own discovery configs (the node id is the device id).
 pattern write {p}/%u/ha/+
 pattern write homeassistant/sensor/%u/+/config
+# a rollout's retained offer to a group (…/_groups/<group>/ota): read by every device, signed as every offer
+pattern read {p}/_groups/+/ota
 
 # The site's backend (CN = backend, `edged certs backend`; no device may be named so): reads every
 # device (results, status and its last will, group discovery, replies, OTA requests and status), sends
@@ -345,6 +347,8 @@ user backend
 topic read {p}/#
 topic write {p}/+/cmd/+
 topic write {p}/+/ota/data
+topic write {p}/_groups/+/ota
+topic readwrite {p}/_push/+/sync
 topic readwrite backend/#
 
 # Home Assistant's MQTT integration (CN = homeassistant, `edged certs device homeassistant`): reads the

@@ -16,14 +16,16 @@ report) instead of waiting its whole timeout for statuses of its own; a device t
 followed transfer go quiet while downloading (its pusher gone), the pusher offers again and so takes
 the transfer back and serves it itself. Another package offered meanwhile is refused (``busy``).
 
-A group (``--group G``) is the devices whose retained ``…/status`` lists G among its groups; offline
-ones are reported and skipped. ``--canary N`` pushes to N devices first and waits until they commit
-(probation passed); if any of them rejects, fails or rolls back, the rest are left untouched.
+A group (``--group G``) is the devices whose retained ``…/status`` lists G among its groups. Which
+devices get the offer when (``--canary N``, ``--waves``), when the rest is abandoned (``--max-failures``),
+what devices that were offline get (the group's retained offer) and how a stopped push resumes: a push
+is a rollout, deploy/rollout.py (its pusher, `RolloutPusher` in deploy/rollout_pusher.py, extends this one).
 
 With ``--mirror`` (`edged.deploy.mirror`) the offer names where the files are on a web server and the
 devices download them from there over HTTP(S); the pusher then serves no bytes itself.
 
-Exit status: 0 when every device succeeded, 1 when any did not (each is reported), 2 for usage.
+Exit status: 0 when every device succeeded, 1 when any did not (each is reported), 2 for usage, 3 when
+the rollout aborted, 130 when stopped (resumable).
 """
 
 from __future__ import annotations
@@ -44,14 +46,12 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edged.errors import Code, EdgedError, PublishError
+from edged.errors import PublishError
 from edged.models.package import Manifest, open_package
 from edged.models.storefiles import read_head
 from edged.protocol import topics
 from edged.protocol.client import MqttSettings, make_client, reconnect_backoff
 from edged.protocol.ota import OtaState, chunk, offer_args, offer_payload
-
-from .mirror import Mirror
 
 MAX_CHUNK = 4 << 20  # the most a device may ask for at once
 RECONNECT_MAX_S = 5.0  # the pusher's reconnect waits: full jitter up to this
@@ -87,7 +87,9 @@ class Device:
 
 
 class Pusher:
-    def __init__(self, mqtt_cfg: MqttSettings, package: Path, out: TextIO = sys.stderr) -> None:
+    def __init__(
+        self, mqtt_cfg: MqttSettings, package: Path, out: TextIO = sys.stderr, transfer: str | None = None
+    ) -> None:
         self.prefix = mqtt_cfg.topic_prefix
         self.out = out
         self.manifest_bytes, self.sig_bytes = read_head(package)
@@ -96,9 +98,10 @@ class Pusher:
         self.manifest: Manifest = pkg.manifest
         self.files = {name: pkg.root / name for name in pkg.manifest.files}
         self.total = sum(e.size for e in pkg.manifest.files.values())
-        self.transfer = uuid.uuid4().hex[:16]
+        self.transfer = transfer or uuid.uuid4().hex[:16]  # a resumed rollout keeps its transfer id
         self._offers_until = 0.0  # monotonic: an offer must not outlive this pusher's wait for it
         self.replies = topics.push_replies(self.prefix, self.transfer)  # each device answers under its own root
+        self.urls: dict[str, list[str]] | None = None  # --mirror: devices download the files from there
         self.offer = offer_payload(offer_args(self.transfer, self.manifest_bytes, self.sig_bytes))
         self.devices: dict[str, Device] = {}
         self._lock = threading.Lock()
@@ -125,6 +128,7 @@ class Pusher:
 
     def use_urls(self, urls: dict[str, list[str]]) -> None:
         """Offer the files at these URLs (``--mirror``): devices download them over HTTP(S), not from us."""
+        self.urls = urls
         self.offer = offer_payload(offer_args(self.transfer, self.manifest_bytes, self.sig_bytes, urls))
 
     # ---- connection ------------------------------------------------------------------------
@@ -408,7 +412,7 @@ class Progress:
 
 def run_push(
     mqtt_cfg: MqttSettings,
-    package: Path,
+    package: Path | None,
     devices: list[str],
     group: str | None,
     canary: int,
@@ -416,49 +420,12 @@ def run_push(
     timeout_s: float,
     discover_s: float = 2.0,
     out: TextIO = sys.stderr,
-    mirror: Mirror | None = None,
+    **rollout: Any,
 ) -> int:
-    pusher = Pusher(mqtt_cfg, package, out)
-    print(
-        f"push: {pusher.ref} ({pusher.total / 2**20:.1f} MiB, transfer {pusher.transfer}) via "
-        f"{mqtt_cfg.host}:{mqtt_cfg.port}",
-        file=out,
-    )
-    try:
-        if mirror is not None:  # before anything is offered: the files must be there
-            pusher.use_urls(mirror.prepare(pusher.manifest, pusher.files, out))
-        pusher.connect()
-        targets = list(dict.fromkeys(devices))
-        offline: list[str] = []
-        if group is not None:
-            online, offline = pusher.discover(group, discover_s)
-            print(f"push: group {group!r}: {len(online)} online, {len(offline)} offline", file=out)
-            targets += [d for d in online if d not in targets]
-        if not targets:
-            no_device = "no device to push to (no --device, and no online device in the group)"
-            raise EdgedError(no_device, code=Code.NO_DEVICES)
-        for dev in offline:
-            pusher.devices[dev] = Device(dev, total=pusher.total)
-            pusher.devices[dev].finish("offline", "its retained status says it is offline; skipped")
-        t0 = time.monotonic()
-        waves = [targets[:canary], targets[canary:]] if 0 < canary < len(targets) else [targets]
-        for i, wave in enumerate(waves):
-            is_canary = len(waves) == 2 and i == 0
-            if is_canary:
-                print(f"push: canary wave: {', '.join(wave)} (waiting for them to commit)", file=out)
-            elif len(waves) == 2:
-                print(f"push: canaries committed; the rest: {len(wave)} device(s)", file=out)
-            done = pusher.push(wave, "commit" if is_canary else wait, timeout_s)
-            failed = [d for d in done if not d.ok("commit" if is_canary else wait)]
-            if is_canary and failed:
-                for dev in waves[1]:
-                    pusher.devices[dev] = Device(dev, total=pusher.total)
-                    pusher.devices[dev].finish("skipped", f"canary {failed[0].id} {failed[0].state}; left untouched")
-                break
-        seconds = time.monotonic() - t0
-        return report(pusher, wait, seconds, out)
-    finally:
-        pusher.close()
+    """A push is a rollout (deploy/rollout.py: waves, thresholds, a state file to resume from)."""
+    from .rollout import start_rollout  # rollout.py builds on this module
+
+    return start_rollout(mqtt_cfg, package, devices, group, canary, wait, timeout_s, discover_s, out, **rollout)
 
 
 def report(pusher: Pusher, wait: Wait, seconds: float, out: TextIO) -> int:

@@ -4,6 +4,8 @@
     device ── ota/req {transfer, file, offset, length} ──> pusher  a chunk request (`ChunkRequest`)
     pusher ── ota/data [2-byte header length][header JSON][bytes] ──> device   a chunk (`pack_chunk`)
     device ── ota/status {schema, transfer, state, ts, …} ──> pusher            progress (`status_doc`)
+    pusher ── _groups/<group>/ota {schema, group, transfer, manifest, sig} (retained) ──> every device of
+              the group, those offline included when they connect again (`GroupOffer`)
 
 A chunk's header is a JSON object with ``transfer``, ``file`` and ``offset`` (its `chunk_key`); the
 data follows it. Anything else on ota/data is malformed (`ProtocolError`, code ``malformed``) and is
@@ -31,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from edged.errors import Code, CommandError, EdgedError, ProtocolError
 
 from .commands import MAX_MESSAGE_CHARS
-from .schemas import OTA_SCHEMA
+from .schemas import GROUP_OFFER_SCHEMA, OTA_SCHEMA
 
 MAX_OFFER_BYTES = 512 * 1024  # a base64 manifest of up to 256 KiB and its signature
 MAX_HEADER_BYTES = 0xFFFF  # a chunk header's length is two bytes
@@ -41,6 +43,8 @@ MAX_URL_CHARS = 2048
 HTTP_URL = r"^https?://[^\s/]+[^\s]*$"  # http or https, a host, no whitespace
 
 Url = Annotated[str, Field(pattern=HTTP_URL, max_length=MAX_URL_CHARS)]
+FileUrls = dict[str, Annotated[list[Url], Field(min_length=1, max_length=MAX_URLS_PER_FILE)]]
+GROUP_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
 class OtaState(str, Enum):
@@ -84,7 +88,7 @@ class OfferArgs(BaseModel):
     transfer: str = Field(pattern=TRANSFER_ID)
     manifest: str
     sig: str
-    urls: dict[str, Annotated[list[Url], Field(min_length=1, max_length=MAX_URLS_PER_FILE)]] | None = None
+    urls: FileUrls | None = None
 
     def decode(self) -> tuple[bytes, bytes]:
         """(manifest bytes, signature bytes); CommandError(invalid_arguments) when either is not base64."""
@@ -109,6 +113,30 @@ def offer_payload(args: OfferArgs) -> bytes:
     if args.urls is not None:
         doc["urls"] = args.urls
     return json.dumps(doc).encode()
+
+
+class GroupOffer(BaseModel):
+    """A group's retained offer (``<prefix>/_groups/<group>/ota``): the offer's arguments and the group.
+    The manifest is signed as in every offer, so a device checks it exactly as a ``cmd/ota`` offer (older
+    than what it runs, rolled back before, unsigned: refused)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    schema_: str = Field(alias="schema", pattern=f"^{GROUP_OFFER_SCHEMA}$")
+    group: str = Field(pattern=GROUP_NAME)
+    transfer: str = Field(pattern=TRANSFER_ID)
+    manifest: str
+    sig: str
+    urls: FileUrls | None = None  # the rollout's --mirror: the files on a web server, as in a cmd/ota offer
+
+    def args(self) -> OfferArgs:
+        return OfferArgs(transfer=self.transfer, manifest=self.manifest, sig=self.sig, urls=self.urls)
+
+
+def group_offer_payload(group: str, args: OfferArgs) -> bytes:
+    """The retained ``<prefix>/_groups/<group>/ota`` payload (an ``edged.group_offer/1`` document)."""
+    doc = {"schema": GROUP_OFFER_SCHEMA, "group": group, "transfer": args.transfer}
+    urls = {"urls": args.urls} if args.urls is not None else {}
+    return json.dumps({**doc, "manifest": args.manifest, "sig": args.sig, **urls}).encode()
 
 
 class ChunkRequest(BaseModel):

@@ -27,6 +27,7 @@ OTA_REQUEST_SCHEMA = "edged.ota_request/1"  # ota/req; likewise
 OTA_CHUNK_HEADER_SCHEMA = "edged.ota_chunk/1"  # an ota/data chunk's header; likewise
 HA_STATE_SCHEMA = "edged.ha_state/1"  # …/ha/<camera>, Home Assistant's state topic
 HA_SENSOR_SCHEMA = "homeassistant.sensor-discovery"  # Home Assistant's discovery config, as its docs define it
+GROUP_OFFER_SCHEMA = "edged.group_offer/1"  # <prefix>/_groups/<group>/ota (retained)
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 # schema id -> its file in SCHEMA_DIR
@@ -40,6 +41,7 @@ FILES = {
     MODEL_STATE_SCHEMA: "model_state.schema.json",
     OTA_SCHEMA: "ota_status.schema.json",
     OTA_OFFER_SCHEMA: "ota_offer.schema.json",
+    GROUP_OFFER_SCHEMA: "group_offer.schema.json",
     OTA_REQUEST_SCHEMA: "ota_request.schema.json",
     OTA_CHUNK_HEADER_SCHEMA: "ota_chunk.schema.json",
     HA_STATE_SCHEMA: "ha_state.schema.json",

@@ -21,6 +21,12 @@ A device's topics live under its root, ``<topic_prefix>/<device_id>`` (default `
     <discovery_prefix>/sensor/<device_id>/<unique_id>/config
                                         out  1    yes       a Home Assistant MQTT discovery config
                                                             (schemas/homeassistant_sensor.schema.json)
+
+A fleet's topics live beside the devices' roots, under levels no device may take as its id (``_…``):
+
+    <prefix>/_groups/<group>/ota        in   1    yes       edged.group_offer/1: a rollout's signed offer
+                                                            to every device of the group (`edged push`)
+    <prefix>/_push/<transfer>/sync      -    1    no        discovery's fence: an `edged push` reads its own
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ MODEL_STATE = "model/state"
 OTA_REQUEST = "ota/req"
 OTA_DATA = "ota/data"
 OTA_STATUS = "ota/status"
+GROUPS = "_groups"  # a group's retained offer: <prefix>/_groups/<group>/ota
 PUSH = "_push"  # an ``edged push``'s replies under each device's own reply namespace: …/reply/_push/<transfer>
 MAX_TOPIC_BYTES = 1024  # the longest response topic a device replies on
 
@@ -123,6 +130,18 @@ def ha_discovery(discovery_prefix: str, component: str, node_id: str, object_id:
     (https://www.home-assistant.io/integrations/mqtt/#discovery-topic). The node id is the device's id, so a
     broker ACL can confine a device to its own configs (``pattern write homeassistant/+/%u/+/config``)."""
     return f"{discovery_prefix}/{component}/{node_id}/{object_id}/config"
+
+
+def group_offer(prefix: str, group: str) -> str:
+    """A group's retained, signed offer (``edged push --group G`` publishes it when the rollout reaches its
+    last wave): a device of the group that was offline takes it when it connects again."""
+    return f"{prefix}/{GROUPS}/{group}/ota"
+
+
+def push_sync(prefix: str, transfer: str) -> str:
+    """Discovery's fence: an ``edged push`` publishes here once subscribed to every status; its own message
+    coming back means every retained status queued before it has arrived (the broker keeps the order)."""
+    return f"{prefix}/{PUSH}/{transfer}/sync"
 
 
 def every_status(prefix: str) -> str:

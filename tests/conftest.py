@@ -89,6 +89,12 @@ class Broker:
         self.proc = None
 
 
+@pytest.fixture(autouse=True)
+def _rollout_state_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`edged push` keeps each rollout's state under $XDG_STATE_HOME: a test's own, never the user's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+
+
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[Broker]:
     b = Broker(tmp_path)

@@ -1,0 +1,454 @@
+"""Rollouts that survive the pusher: ``edged push`` in waves, its state in a file, stopped and resumed.
+
+A rollout is a JSON file (``edged.rollout/1``, written atomically after every change, at most every
+`SAVE_EVERY_S` during a wave): the package, the transfer id, the plan (the devices of each wave, fixed
+when it starts), each device's outcome, the wave reached and how the rollout ended. It lives beside the
+operator, not on the broker: a file is what an operator can read, copy and delete, and a retained message
+would be readable (and clearable) by every client the ACL lets read the prefix. Its default place is
+``$XDG_STATE_HOME/edged/rollouts/<name>@<version>-<group or devices>-<host>_<port>.json`` (``~/.local/state``), so
+running the same command again resumes it; ``--state FILE`` names another; ``--resume FILE`` takes
+everything (package, targets, waves, thresholds) from the file.
+
+The plan: ``--canary N`` devices first, then ``--waves 1,10,50,100`` (cumulative percentages of the rest;
+default one wave). Every wave but the last waits for its devices to commit (probation passed); the last
+waits as ``--wait`` says. After each wave the failures (rejected, failed, rolled back, timed out) of the
+whole rollout are held against ``--max-failures`` (a count, or a percentage of the devices, default 0):
+over it, the rest is left untouched (``skipped``), the group's offer is withdrawn and the exit status is 3.
+
+A resume (the same command again, or ``--resume``) keeps the transfer id, so a device downloading when
+the pusher stopped carries on with what it has; it never offers to a device whose retained model state
+runs the version committed (whatever the file says), nor again to one that failed (timed out included);
+the others (offered, downloading, offline, and one recorded as succeeded whose model state says
+otherwise) are offered again. A finished rollout is not resumed: the same command again starts a new one (with a new
+transfer id; devices already current answer ``unchanged``). An aborted rollout is not resumed
+(remove its file to start over).
+
+With ``--group``, when the rollout reaches its last wave the offer is also published, retained, on the
+group's topic (`edged.protocol.topics.group_offer`): a device of the group that was offline takes it when
+it connects again (`edged.daemon.group_offer`), still refused if older than what it runs or rolled back
+there. The pusher follows such devices (``--wait-offline S`` after the last wave) and serves them. The
+retained offer lives only while a pusher serves it: it expires (MQTT v5 Message Expiry) when this one
+stops waiting and is withdrawn when it exits, so a device back later never starts a transfer nobody
+serves (pushing again serves it: a new rollout).
+
+Exit status: 0 every device succeeded; 1 some did not (within the threshold), or stayed offline; 2 usage
+or another rollout's state; 3 aborted (over the threshold); 130 stopped (resume it).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from edged.errors import Code, EdgedError
+from edged.models.storefiles import read_head, write_atomic
+from edged.protocol import topics
+from edged.protocol.client import MqttSettings
+from edged.protocol.ota import group_offer_payload, offer_args
+
+from .mirror import Mirror
+from .push import Device, Wait, report
+from .rollout_pusher import RolloutPusher
+
+SCHEMA = "edged.rollout/1"
+SAVE_EVERY_S = 0.5
+OK = ("committed", "unchanged")
+FAILED = ("rejected", "failed", "rolled_back", "timed_out")
+EXIT_ABORTED = 3
+EXIT_STOPPED = 130
+
+
+class RolloutError(EdgedError):
+    """A rollout's state cannot be used (another package's, aborted, unreadable)."""
+
+
+def parse_waves(text: str) -> list[float]:
+    """``1,10,50,100`` -> cumulative percentages, increasing, ending at 100 (added when missing)."""
+    try:
+        waves = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError as exc:
+        raise ValueError(f"--waves {text!r}: percentages separated by commas, e.g. 1,10,50,100") from exc
+    if not waves or any(not 0 < p <= 100 for p in waves) or any(b <= a for a, b in itertools.pairwise(waves)):
+        raise ValueError(f"--waves {text!r}: increasing percentages in (0, 100], e.g. 1,10,50,100")
+    return waves if waves[-1] == 100 else [*waves, 100.0]
+
+
+def allowed_failures(spec: str, n: int) -> int:
+    """``--max-failures``: ``3`` (devices) or ``5%`` (of the `n` devices, rounded down)."""
+    try:
+        if spec.endswith("%"):
+            pct = float(spec[:-1])
+            if not 0 <= pct <= 100:
+                raise ValueError(spec)
+            return math.floor(n * pct / 100)
+        count = int(spec)
+        if count < 0:
+            raise ValueError(spec)
+        return count
+    except ValueError as exc:
+        raise ValueError(f"--max-failures {spec!r}: a count (3) or a percentage of the devices (5%)") from exc
+
+
+def plan_waves(targets: list[str], canary: int, waves: list[float]) -> list[list[str]]:
+    """The devices of each wave: `canary` first, then cumulative percentages of the rest (none empty)."""
+    plan = [targets[:canary]] if 0 < canary < len(targets) else []
+    rest = targets[len(plan[0]) :] if plan else targets
+    done = 0
+    for pct in waves:
+        upto = min(len(rest), max(done + 1, math.ceil(len(rest) * pct / 100)))
+        if upto > done:
+            plan.append(rest[done:upto])
+            done = upto
+    return plan
+
+
+def default_state_path(ref: str, group: str | None, devices: list[str], broker: str) -> Path:
+    """One file per package, target and broker (`broker`: ``host_port``): the same command finds it again."""
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    target = (
+        f"group-{group}" if group else "devices-" + hashlib.sha256(",".join(sorted(devices)).encode()).hexdigest()[:8]
+    )
+    return base / "edged" / "rollouts" / f"{ref}-{target}-{broker}.json"
+
+
+@dataclass
+class Rollout:
+    path: Path
+    package: str
+    manifest_sha256: str
+    ref: str
+    transfer: str
+    group: str | None
+    devices: list[str]
+    waves: list[float]
+    canary: int
+    max_failures: str
+    wait: Wait
+    plan: list[list[str]] = field(default_factory=list)
+    offline: list[str] = field(default_factory=list)
+    outcomes: dict[str, dict[str, str]] = field(default_factory=dict)
+    wave: int = 0
+    status: str = "new"  # new, running, stopped, aborted, done
+    urls: dict[str, list[str]] = field(default_factory=dict)  # --mirror: where the files are (kept for a resume)
+    reason: str = ""
+    _saved: float = 0.0
+
+    def doc(self) -> dict[str, Any]:
+        keys = ["package", "manifest_sha256", "ref", "transfer", "group", "devices", "waves", "canary"]
+        keys += ["max_failures", "wait", "plan", "offline", "outcomes", "wave", "status", "reason", "urls"]
+        return {"schema": SCHEMA, **{k: getattr(self, k) for k in keys}, "saved_at": time.time()}
+
+    def save(self, force: bool = True) -> None:
+        now = time.monotonic()
+        if not force and now - self._saved < SAVE_EVERY_S:
+            return
+        self._saved = now
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.path, json.dumps(self.doc(), indent=1).encode())
+
+    @classmethod
+    def load(cls, path: Path) -> Rollout:
+        try:
+            doc = json.loads(path.read_text())
+            if doc.get("schema") != SCHEMA:
+                raise ValueError(f"schema {doc.get('schema')!r}, not {SCHEMA}")
+            fields = {k: v for k, v in doc.items() if k not in ("schema", "saved_at")}
+            return cls(path=path, **fields)
+        except (OSError, ValueError, TypeError) as exc:
+            raise RolloutError(f"{path}: not a rollout's state: {exc}", code=Code.INVALID_ARGUMENTS) from exc
+
+    def record(self, devices: list[Device]) -> None:
+        for d in devices:
+            self.outcomes[d.id] = {"state": d.state, "error": d.error}
+
+    def state_of(self, dev: str) -> str:
+        return self.outcomes.get(dev, {}).get("state", "")
+
+    def failures(self) -> list[str]:
+        return [dev for dev, o in self.outcomes.items() if o.get("state") in FAILED]
+
+    def targets(self) -> list[str]:
+        return [dev for wave in self.plan for dev in wave]
+
+
+def open_rollout(state: Path, fresh: Rollout, named: bool, out: TextIO) -> Rollout:
+    """The rollout at `state` when it is this package's (a resume), else `fresh`; RolloutError when the file
+    is an aborted rollout, or another package's where the operator `named` the file (the default file of
+    another package of this name and version is replaced: a rebuilt package starts a new rollout)."""
+    if not state.exists():
+        return fresh
+    old = Rollout.load(state)
+    if old.status == "done":  # finished: running it again is a new rollout (current devices say unchanged)
+        print(f"push: the rollout in {state} finished; a new one replaces it", file=out)
+        return fresh
+    if old.manifest_sha256 != fresh.manifest_sha256 and not named:
+        print(f"push: {state} was the rollout of another build of {old.ref}: a new rollout replaces it", file=out)
+        return fresh
+    if old.manifest_sha256 != fresh.manifest_sha256:
+        raise RolloutError(
+            f"{state} is the rollout of {old.ref} (another package); name another --state or remove it",
+            code=Code.INVALID_ARGUMENTS,
+        )
+    if old.status == "aborted":
+        raise RolloutError(
+            f"{state}: this rollout was aborted ({old.reason}); remove the file to start it over",
+            code=Code.INVALID_ARGUMENTS,
+        )
+    return old
+
+
+def new_rollout(
+    package: Path, group: str | None, devices: list[str], waves: list[float], canary: int, max_failures: str, wait: Wait
+) -> tuple[str, str, Rollout]:
+    """(manifest sha256, ref, a fresh rollout without a path)."""
+    manifest_bytes, sig_bytes = read_head(package)
+    sha = hashlib.sha256(manifest_bytes + sig_bytes).hexdigest()  # the signed package's identity
+    m = json.loads(manifest_bytes)
+    ref = f"{m.get('name')}@{m.get('version')}"
+    transfer = sha[:8] + os.urandom(4).hex()
+    r = Rollout(Path(), str(package.resolve()), sha, ref, transfer, group, devices, waves, canary, max_failures, wait)
+    return sha, ref, r
+
+
+def _stop_on_sigterm() -> Any:
+    """SIGTERM means what Ctrl-C means: stop, keep the state for a resume."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (a test driving run_rollout): nothing to install
+        return None
+
+
+def run_rollout(
+    mqtt_cfg: MqttSettings,
+    r: Rollout,
+    timeout_s: float,
+    discover_s: float = 2.0,
+    wait_offline_s: float = 0.0,
+    out: TextIO = sys.stderr,
+    mirror: Mirror | None = None,
+) -> int:
+    resumed = r.status != "new"
+    pusher = RolloutPusher(mqtt_cfg, Path(r.package), out, transfer=r.transfer)
+    print(
+        f"push: {pusher.ref} ({pusher.total / 2**20:.1f} MiB, transfer {pusher.transfer}) via "
+        f"{mqtt_cfg.host}:{mqtt_cfg.port}; rollout state {r.path}" + (" (resumed)" if resumed else ""),
+        file=out,
+    )
+    old_handler = _stop_on_sigterm()
+    t0 = time.monotonic()
+    try:
+        if mirror is not None:  # before anything is offered: the files must be there (a resume keeps its URLs)
+            r.urls = mirror.prepare(pusher.manifest, pusher.files, out)
+        if r.urls:
+            pusher.use_urls(r.urls)
+        pusher.connect()
+        _settle_targets(pusher, r, discover_s, out)
+        r.status = "running"
+        r.save()
+        allowed = allowed_failures(r.max_failures, len(r.targets()))
+        code = _waves(pusher, r, timeout_s, wait_offline_s, allowed, out)
+        _final_report(pusher, r, time.monotonic() - t0, out)
+        return code
+    except KeyboardInterrupt:
+        r.record([d for d in pusher.devices.values() if d.active or d.ended is not None])
+        r.status, r.reason = "stopped", "interrupted"
+        r.save()
+        print(f"push: stopped; resume with: edged push --resume {r.path}", file=out)
+        return EXIT_STOPPED
+    finally:
+        if old_handler is not None:
+            signal.signal(signal.SIGTERM, old_handler)
+        _withdraw_group_offer(pusher)  # nobody serves it once we are gone (a SIGKILL leaves it to expire)
+        pusher.close()
+
+
+def _settle_targets(pusher: RolloutPusher, r: Rollout, discover_s: float, out: TextIO) -> None:
+    """The plan, made at the first run; a resume adds devices of the group seen online since (last wave)."""
+    online: list[str] = []
+    offline: list[str] = []
+    if r.group is not None:
+        t = time.monotonic()
+        online, offline = pusher.discover(r.group, discover_s)
+        print(
+            f"push: group {r.group!r}: {len(online)} online, {len(offline)} offline "
+            f"(discovered in {time.monotonic() - t:.1f} s)",
+            file=out,
+        )
+    if not r.plan:
+        targets = list(dict.fromkeys(r.devices + online))
+        if not targets:
+            no_device = "no device to push to (no --device, and no online device in the group)"
+            raise EdgedError(no_device, code=Code.NO_DEVICES)
+        r.plan = plan_waves(targets, r.canary, r.waves)
+    else:
+        known = set(r.targets())
+        new = [d for d in online if d not in known]
+        if new:
+            r.plan[-1].extend(new)
+            print(f"push: {len(new)} device(s) of the group new since the rollout began: in the last wave", file=out)
+    r.offline = [d for d in offline if d not in set(r.targets())]
+
+
+def _waves(
+    pusher: RolloutPusher, r: Rollout, timeout_s: float, wait_offline_s: float, allowed: int, out: TextIO
+) -> int:
+    last = len(r.plan) - 1
+    for i, wave in enumerate(r.plan):
+        # a device recorded as succeeded is offered again only if its retained model state does not run the
+        # version (rolled back since, or another broker's device of the same name): `run_wave` checks
+        todo = [d for d in wave if r.state_of(d) not in FAILED]
+        done = sum(1 for d in wave if r.state_of(d) in OK)
+        wait: Wait = r.wait if i == last else "commit"
+        name = "canary wave" if i == 0 and r.canary and len(r.plan) > 1 else f"wave {i + 1}/{len(r.plan)}"
+        print(
+            f"push: {name}: {len(wave)} device(s)"
+            + (f", {done} done before (offered again only if their model state says otherwise)" if done else "")
+            + (f", {len(wave) - len(todo)} failed before (not offered again)" if len(todo) < len(wave) else "")
+            + f", waiting for {wait}",
+            file=out,
+        )
+        follow: list[str] = []
+        group_offer: Callable[[], None] | None = None
+        if i == last and r.group is not None:
+            group_offer = functools.partial(_publish_group_offer, pusher, r.group, timeout_s + wait_offline_s + 30)
+            follow = [d for d in r.offline if r.state_of(d) not in OK + FAILED]
+        r.wave = i
+        r.save()
+
+        def tick() -> None:  # during the wave: what each device reached, saved at most every SAVE_EVERY_S
+            r.record([d for d in pusher.devices.values() if d.active])
+            r.save(force=False)
+
+        pusher.run_wave(todo, follow, wait, timeout_s, tick, offered=group_offer)  # followers back are served
+        r.record([pusher.devices[d] for d in todo])
+        still = [d for d in follow if pusher.devices[d].state == "offline"]
+        if still and wait_offline_s > 0:
+            print(f"push: following {len(still)} offline device(s) for up to {wait_offline_s:.0f} s", file=out)
+            pusher.run_wave([], still, wait, wait_offline_s, tick, wait_follow=True)
+        for dev in follow:
+            d = pusher.devices.get(dev)
+            if d is None or d.state == "offline" or d.ended is None:
+                r.outcomes[dev] = {"state": "offline", "error": "offline; push again to serve it when it is back"}
+            else:
+                r.outcomes[dev] = {"state": d.state, "error": d.error}
+        r.wave = i + 1
+        failures = r.failures()
+        if len(failures) > allowed and i == last:  # nothing left to abort; devices away must not take it
+            if pusher.group_offered is not None:
+                _withdraw_group_offer(pusher)
+                print(f"push: {len(failures)} failure(s): the group's offer is withdrawn", file=out)
+        elif len(failures) > allowed:
+            skipped = [d for w in r.plan[i + 1 :] for d in w if r.state_of(d) not in OK + FAILED]
+            for dev in skipped:
+                r.outcomes[dev] = {"state": "skipped", "error": "left untouched: the rollout aborted"}
+            _withdraw_group_offer(pusher)
+            r.status = "aborted"
+            r.reason = f"{len(failures)} failure(s) ({', '.join(failures[:5])}) over --max-failures {r.max_failures}"
+            r.save()
+            print(f"push: ABORTED after {name}: {r.reason}; {len(skipped)} device(s) left untouched", file=out)
+            return EXIT_ABORTED
+        if name == "canary wave":
+            print(f"push: canaries committed; the rest: {len(r.targets()) - len(wave)} device(s)", file=out)
+        r.save()
+    r.status = "done"
+    r.save()
+    bad = [dev for dev in r.targets() + r.offline if r.state_of(dev) not in OK and not _ok_swap(r, dev)]
+    return 0 if not bad else 1
+
+
+def _ok_swap(r: Rollout, dev: str) -> bool:
+    return r.wait == "swap" and r.state_of(dev) == "probation"
+
+
+def _publish_group_offer(pusher: RolloutPusher, group: str, serve_s: float) -> None:
+    """The rollout's offer, retained on the group's topic: devices offline now take it when they return.
+    It expires (MQTT v5 Message Expiry) when this pusher stops serving (`serve_s`), and is withdrawn when
+    it exits: a device that comes back later never starts a transfer nobody serves."""
+    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    props.MessageExpiryInterval = max(1, math.ceil(serve_s))
+    info = pusher.client.publish(
+        topics.group_offer(pusher.prefix, group),
+        group_offer_payload(group, offer_args(pusher.transfer, pusher.manifest_bytes, pusher.sig_bytes, pusher.urls)),
+        qos=1,
+        retain=True,
+        properties=props,
+    )
+    info.wait_for_publish(10)
+    pusher.group_offered = group
+
+
+def _withdraw_group_offer(pusher: RolloutPusher) -> None:
+    """An empty retained message on the group's topic (devices ignore it)."""
+    if pusher.group_offered is None or not pusher.client.is_connected():
+        return
+    info = pusher.client.publish(topics.group_offer(pusher.prefix, pusher.group_offered), b"", qos=1, retain=True)
+    pusher.group_offered = None
+    info.wait_for_publish(5)
+
+
+def _final_report(pusher: RolloutPusher, r: Rollout, seconds: float, out: TextIO) -> None:
+    """Every device of the rollout, this run's and earlier runs' alike."""
+    for dev in r.targets() + r.offline:
+        if dev not in pusher.devices:
+            o = r.outcomes.get(dev, {})
+            d = pusher.devices[dev] = Device(dev, total=pusher.total)
+            d.finish(o.get("state", "skipped"), o.get("error", "") or "(an earlier run)")
+    report(pusher, r.wait, seconds, out)
+    print(f"push: rollout {r.status}; state in {r.path}", file=out)
+
+
+def start_rollout(
+    mqtt_cfg: MqttSettings,
+    package: Path | None,
+    devices: list[str],
+    group: str | None,
+    canary: int,
+    wait: Wait,
+    timeout_s: float,
+    discover_s: float = 2.0,
+    out: TextIO = sys.stderr,
+    waves: str = "100",
+    max_failures: str = "0",
+    state: Path | None = None,
+    resume: Path | None = None,
+    wait_offline_s: float = 0.0,
+    mirror: Mirror | None = None,
+) -> int:
+    """``edged push``: a new rollout, or the one in `state` (the default file for this package and these
+    targets) resumed, or the one in `resume` with everything it recorded."""
+    try:
+        if resume is not None:
+            r = Rollout.load(resume)
+            if r.status in ("aborted", "done"):
+                why = f"was aborted ({r.reason})" if r.status == "aborted" else "finished (push again for a new one)"
+                raise RolloutError(f"{resume}: this rollout {why}; nothing to resume")
+        elif package is None:
+            raise ValueError("a package, or --resume FILE")
+        else:
+            allowed_failures(max_failures, 1)  # a usage error before anything is sent
+            _, ref, fresh = new_rollout(package, group, devices, parse_waves(waves), canary, max_failures, wait)
+            fresh.path = state or default_state_path(ref, group, devices, f"{mqtt_cfg.host}_{mqtt_cfg.port}")
+            r = open_rollout(fresh.path, fresh, state is not None, out)
+    except (ValueError, RolloutError) as exc:
+        print(f"edged push: error: {exc}", file=out)
+        return 2
+    return run_rollout(mqtt_cfg, r, timeout_s, discover_s, wait_offline_s, out, mirror)
