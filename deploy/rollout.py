@@ -277,7 +277,8 @@ def run_rollout(
     finally:
         if old_handler is not None:
             signal.signal(signal.SIGTERM, old_handler)
-        _withdraw_group_offer(pusher)  # nobody serves it once we are gone (a SIGKILL leaves it to expire)
+        if not pusher.urls or r.status == "aborted":  # a mirror serves it when we are gone; else nobody does
+            _withdraw_group_offer(pusher)  # (a SIGKILL leaves it to expire)
         pusher.close()
 
 
@@ -347,7 +348,8 @@ def _waves(
         for dev in follow:
             d = pusher.devices.get(dev)
             if d is None or d.state == "offline" or d.ended is None:
-                r.outcomes[dev] = {"state": "offline", "error": "offline; push again to serve it when it is back"}
+                back = "it takes the group's offer from the mirror" if pusher.urls else "push again to serve it"
+                r.outcomes[dev] = {"state": "offline", "error": f"offline; {back} when it is back"}
             else:
                 r.outcomes[dev] = {"state": d.state, "error": d.error}
         r.wave = i + 1
@@ -381,10 +383,13 @@ def _ok_swap(r: Rollout, dev: str) -> bool:
 
 def _publish_group_offer(pusher: RolloutPusher, group: str, serve_s: float) -> None:
     """The rollout's offer, retained on the group's topic: devices offline now take it when they return.
-    It expires (MQTT v5 Message Expiry) when this pusher stops serving (`serve_s`), and is withdrawn when
-    it exits: a device that comes back later never starts a transfer nobody serves."""
+    Served by this pusher (chunks over MQTT), it expires (MQTT v5 Message Expiry) when the pusher stops
+    serving (`serve_s`) and is withdrawn when it exits: a device that comes back later never starts a
+    transfer nobody serves. Served by a web server (``--mirror``), it stays until the group's next rollout
+    replaces it or this one aborts: a device back in a week still catches up, from the mirror."""
     props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-    props.MessageExpiryInterval = max(1, math.ceil(serve_s))
+    if not pusher.urls:
+        props.MessageExpiryInterval = max(1, math.ceil(serve_s))
     info = pusher.client.publish(
         topics.group_offer(pusher.prefix, group),
         group_offer_payload(group, offer_args(pusher.transfer, pusher.manifest_bytes, pusher.sig_bytes, pusher.urls)),

@@ -21,6 +21,7 @@ from edged.deploy.rollout import allowed_failures, parse_waves, plan_waves
 from edged.models.demo import DemoAssets
 from edged.models.signing import SigningKey
 from tests.conftest import REPO, Broker, DaemonProc, Message, Subscriber, edged_cli, free_port, wait_until, write_config
+from tests.test_mirror import nginx_factory  # noqa: F401  (fixture: a real nginx)
 from tests.test_ota import MODEL, build, device_doc, install, serving
 from tests.test_site import acked, connect, shipped, site, subscribed  # noqa: F401  (fixtures: a real site)
 
@@ -323,3 +324,42 @@ def test_the_shipped_acl_carries_a_group_offer_and_the_fence(shipped: Any, conne
     subscribed(cam1, "edged/_groups/dock/ota")
     assert not acked(backend, "edged/_groups/dock/ota", b'{"offer": 1}').is_failure
     wait_until(lambda: any(m.topic == "edged/_groups/dock/ota" for m in list(got1)), 5, "the offer at the device")
+
+
+def test_with_a_mirror_a_device_back_after_the_pusher_left_catches_up_from_the_web_server(
+    broker: Broker,
+    demo: DemoAssets,
+    tmp_path: Path,
+    signer: SigningKey,
+    start_daemon: Callable[..., DaemonProc],
+    subscribe: Callable[..., Subscriber],
+    nginx_factory: Any,  # noqa: F811
+) -> None:
+    """`edged push --group --mirror`: the pusher serves no bytes, so the group's retained offer outlives it
+    (no expiry, not withdrawn): a device that was offline for the whole push comes back after `edged push`
+    has exited, takes the group's offer and downloads the files from nginx."""
+    cfgs = fleet(broker, demo, tmp_path, signer, ["cam-01", "cam-02"])
+    sub = subscribe(broker, "edged/#")
+    d1 = serving(start_daemon(cfgs["cam-01"]))
+    retained_offline(broker, "cam-02", ["dock"])
+    www = tmp_path / "www"
+    web = nginx_factory(www)
+    v2 = build(demo, tmp_path, signer, 2)
+    state = tmp_path / "rollout.json"
+    cmd = push_cmd(broker, str(v2), "--group", "dock", "--mirror", str(www), "--mirror-url", web.url + "/")
+    r = subprocess.run([*cmd, "--state", str(state)], capture_output=True, text=True, cwd=REPO, timeout=240)
+    assert r.returncode == 1, r.stdout + r.stderr  # cam-02 stayed offline
+    assert "1 of 2 device(s) succeeded" in r.stderr, r.stderr
+    outcome = json.loads(state.read_text())["outcomes"]["cam-02"]
+    assert outcome["state"] == "offline" and "from the mirror when it is back" in outcome["error"], outcome
+    assert current(tmp_path, "cam-01") == 2
+    got = [m for m in sub.on("_groups/dock/ota")]
+    assert got and got[-1].payload, "the group's offer is still retained after the pusher left"
+    assert json.loads(got[-1].payload)["urls"], got[-1].payload
+    before = len(web.requests())
+    d2 = start_daemon(cfgs["cam-02"])  # back after the push: nobody serves chunks over MQTT any more
+    wait_until(lambda: current(tmp_path, "cam-02") == 2, 120, "cam-02 on v2 from the mirror\n" + d2.output()[-3000:])
+    gets = [q for q in web.requests()[before:] if q[1] == "GET" and q[0] in (200, 206)]
+    assert gets, web.requests()
+    assert "taking group dock's offer" in d2.output()
+    assert d1.stop() == 0 and d2.stop() == 0
