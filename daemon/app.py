@@ -437,6 +437,8 @@ class Daemon:
             self.governor.stop()
         join_all(self.cameras, 5.0)  # in parallel: several hung sources cost one bound, not one each
         self.loop.join(10.0)
+        if self.ota is not None:
+            self.ota.join(10.0)
         for ev in self.scenes.close():  # the tracks still alive end with the cameras
             self._event(ev)
         try:

@@ -343,6 +343,15 @@ class OtaReceiver:
             "queued_bytes": self._queued_bytes,
         }
 
+    def join(self, timeout_s: float) -> None:
+        """Wait, bounded, for the transfer thread once the daemon stops (it sees the stop event): a swap it
+        is running must not race the interpreter's exit (seen once: an abort at exit)."""
+        t = self._thread
+        if t is not None and t.is_alive():
+            t.join(timeout_s)
+            if t.is_alive():
+                logger.warning("ota: the transfer thread did not stop within %.0f s", timeout_s)
+
     def _forget(self) -> None:
         """Stop wanting the requests in flight (one transfer runs at a time): late answers are dropped."""
         with self._want_lock:
