@@ -1,6 +1,8 @@
-"""Over-the-air model transfer, the device's side (DESIGN §6). MQTT carries all of it, or the offer
-over MQTT and the files over HTTP(S) from a web server when the offer names their ``urls``
-(`daemon.download`: Range resume, a bandwidth cap, TLS always verified, jittered retries).
+"""Over-the-air model transfer, the device's side (DESIGN §6): the receiver, which takes an offer, runs
+one transfer at a time on its own thread, and hands the verified package to the model manager. MQTT
+carries all of it (the files in chunks: `daemon.chunks`), or the offer over MQTT and the files over
+HTTP(S) from a web server when the offer names their ``urls`` (`daemon.download`: Range resume, a
+bandwidth cap, TLS always verified, jittered retries).
 
     pusher ── cmd/ota {transfer, manifest, sig} ──> device: every manifest check first (store.check_offer)
     device ── ota/req {transfer, file, offset, length} ──> pusher       (a window of chunk requests)
@@ -9,15 +11,10 @@ over MQTT and the files over HTTP(S) from a web server when the offer names thei
 
 (The framing, the offer's format and the states are the wire contract's: `edged.protocol.ota`.)
 
-The device asks only for bytes inside each file's declared size and writes a chunk only where it
-asked, so nothing is ever written past a declared size. A chunk is checked on arrival, on paho's
-network thread, against the requests in flight (transfer, file, offset, length): anything nobody
-asked for (junk with no transfer running, a stale or duplicate answer) is dropped there and counted,
-so it is never held; what waits for the transfer thread is bounded in bytes. Progress (bytes fsynced per
-file) is kept under ``<state_dir>/ota/<manifest sha256[:16]>/`` (the files themselves in its ``package/``)
-and survives a broker outage (requests are asked again after `ota.retry_s` of silence plus a full-jitter
-backoff up to `MAX_REASK_S`, so devices that lost the broker together do not all ask again at once) and a
-daemon restart (the transfer resumes at start, from the persisted offsets, after checking the offer again).
+Progress (bytes fsynced per file) is kept under ``<state_dir>/ota/<manifest sha256[:16]>/``
+(`daemon.transfer`; the files themselves in its ``package/``) and survives a broker outage (the chunk
+path asks again, jittered) and a daemon restart (the transfer resumes at start, from the persisted
+offsets, after checking the offer again).
 
 Verified once, copied never: the offer's manifest is parsed and its signature checked once (a resume
 checks the persisted offer again); each file is hashed as its chunks are written, in order (a resume
@@ -35,8 +32,8 @@ it), failed (the transfer could not complete), joined (the same package was offe
 it downloaded: the transfer carries on under the newer offer's id, named in `by`).
 
 A join (a second `edged push` of the package, or a pusher taking its transfer back) moves the
-requests in flight to the new id and asks them again at once, so the transfer does not stall for
-`retry_s`; chunks already accepted under the old id are still written.
+requests in flight to the new id and asks them again at once (`ChunkFetcher.rename`), so the transfer
+does not stall for `retry_s`; chunks already accepted under the old id are still written.
 """
 
 from __future__ import annotations
@@ -44,38 +41,27 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import queue
 import shutil
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from paho.mqtt.client import MQTTMessage
 
-from edged.errors import Code, CommandError, EdgedError, PackageError, ProtocolError
+from edged.errors import Code, CommandError, EdgedError, PackageError
 from edged.models.compat import detect
 from edged.models.package import Package
 from edged.models.signing import TrustStore
-from edged.models.store import Offer, Store
+from edged.models.store import Store
 from edged.models.storefiles import fsync_dir, write_atomic
 from edged.protocol import topics
-from edged.protocol.backoff import Backoff
-from edged.protocol.ota import (
-    MAX_HEADER_BYTES,
-    MAX_OFFER_BYTES,
-    ChunkRequest,
-    ModelRef,
-    OfferArgs,
-    OtaState,
-    chunk_key,
-    offer_payload,
-    status_doc,
-)
+from edged.protocol.ota import MAX_OFFER_BYTES, ModelRef, OfferArgs, OtaState, offer_payload, status_doc
 
+from .chunks import ChunkFetcher, OtaLink
 from .config import OtaConfig
 from .download import Downloader, PartFile
+from .transfer import PROGRESS_EVERY, Transfer
 
 __all__ = [
     "MAX_OFFER_BYTES",
@@ -88,18 +74,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PROGRESS_EVERY = 1 << 20  # fsync and persist progress at least every MiB
-MAX_REASK_S = 60.0  # the most the jittered part of the wait before asking again can grow to
-DROP_LOG_EVERY_S = 60.0  # at most one log line a minute about chunks dropped on arrival
-
-
-class OtaLink(Protocol):
-    """Where the receiver talks: the device's MQTT session (daemon.publish.Publisher)."""
-
-    def topic(self, suffix: str) -> str: ...
-
-    def publish_direct(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> bool: ...
-
 
 class Installer(Protocol):
     """Who takes a downloaded package: the model manager (daemon.swap.ModelManager)."""
@@ -111,45 +85,6 @@ class Installer(Protocol):
     def rejected(self, ref: ModelRef | None, exc: EdgedError, transfer: str | None = None) -> None:
         """Report a package refused before any swap (`ref` None: its manifest named nothing trusted)."""
         ...
-
-
-@dataclass
-class _Chunk:
-    transfer: str
-    file: str
-    offset: int
-    data: bytes
-
-
-class Transfer:
-    """One offered package's download: its folder, its offer and its persisted progress."""
-
-    def __init__(self, folder: Path, transfer: str, offer: Offer, urls: dict[str, list[str]] | None = None) -> None:
-        self.folder = folder  # offer.json and progress.json: the record a restart resumes from
-        self.stage = folder / "package"  # the files, then the package the store adopts and renames in
-        self.id = transfer
-        self.former: set[str] = set()  # ids this transfer ran under before a newer offer joined it
-        self.offer = offer
-        self.ref = ModelRef(offer.manifest.name, offer.manifest.version)
-        self.urls = urls or {}  # file name -> its URLs: downloaded over HTTP(S), not asked for in chunks
-        self.progress: dict[str, int] = {}
-        p = folder / "progress.json"
-        if p.exists():
-            try:
-                self.progress = {k: int(v) for k, v in json.loads(p.read_text()).items()}
-            except (ValueError, AttributeError):
-                self.progress = {}
-
-    @property
-    def total(self) -> int:
-        return sum(e.size for e in self.offer.manifest.files.values())
-
-    @property
-    def have(self) -> int:
-        return sum(min(self.progress.get(n, 0), e.size) for n, e in self.offer.manifest.files.items())
-
-    def save(self) -> None:
-        write_atomic(self.folder / "progress.json", json.dumps(self.progress).encode())
 
 
 class OtaReceiver:
@@ -169,27 +104,21 @@ class OtaReceiver:
         self._link = link
         self._installer = installer
         self._stop = stop
-        self._chunks: queue.Queue[_Chunk] = queue.Queue()
-        # What the transfer thread asked for and has not received: (transfer, file, offset) -> length. The
-        # network thread queues only these, so nothing unasked-for is ever held (bounded in bytes too).
-        self._wanted: dict[tuple[str, str, int], int] = {}
-        self._queued_bytes = 0
-        self.max_queued_bytes = 2 * cfg.window * cfg.chunk_kb * 1024
-        self._want_lock = threading.Lock()
+        self.chunks = ChunkFetcher(cfg, link, stop, self._downloading)  # the files' default path: MQTT
         self._lock = threading.Lock()
         self._current: Transfer | None = None
         self._thread: threading.Thread | None = None
-        self.bad_chunks = 0  # asked for, but the wrong length (never written)
-        self.dropped_chunks = 0  # not asked for (no transfer, another transfer, a stale or unknown chunk)
-        self.dropped_bytes = 0
-        self._dropped_logged = (0.0, 0)  # (monotonic time, dropped_chunks) of the last log line
         self.completed = 0
         self._http: Downloader | None = None  # made at the first offer with URLs (TLS settings checked then)
 
     @property
     def max_message_bytes(self) -> int:
-        """The largest legitimate message on ota/data: a whole chunk and the longest header its framing allows."""
-        return self.cfg.chunk_kb * 1024 + 2 + MAX_HEADER_BYTES
+        """The largest legitimate message on ota/data (`ChunkFetcher.max_message_bytes`)."""
+        return self.chunks.max_message_bytes
+
+    def on_data(self, msg: MQTTMessage) -> None:
+        """A chunk on ota/data (paho's network thread): checked and queued, or dropped, by `ChunkFetcher`."""
+        self.chunks.on_data(msg)
 
     # ---- the offer (command thread) --------------------------------------------------------
     def offer(self, args: OfferArgs) -> dict[str, Any]:
@@ -231,21 +160,15 @@ class OtaReceiver:
         """Carry on with the running transfer `t` under the newer offer's id: say so on the old id's status,
         and ask the requests in flight again under the new id (its pusher serves only its own id; answers
         under the old one are dropped on arrival, and waiting for them would cost `retry_s`)."""
-        with self._want_lock:  # against _ask: a request is in _wanted under the id it is published with
-            old, t.id = t.id, args.transfer
-            t.former.add(old)
-            moved = [(f, off, n) for (tr, f, off), n in self._wanted.items() if tr == old]
-            for f, off, n in moved:
-                del self._wanted[(old, f, off)]
-                self._wanted[(t.id, f, off)] = n
+        old = t.id  # only a join changes it, and joins run under self._lock
+        again = self.chunks.rename(t, args.transfer)
         if args.urls is not None:  # the newer offer's URLs, from the next try on (a mirror fixed, say)
             t.urls = dict(args.urls)
         write_atomic(t.folder / "offer.json", offer_payload(args))  # a restart resumes under the new id
         logger.info("ota: transfer %s of %s joined by %s (a new offer of it)", old, t.ref, t.id)
         self.status(old, OtaState.JOINED, model=t.ref, done=t.have, total=t.total, by=t.id)
-        for f, off, n in moved:
-            req = ChunkRequest(transfer=t.id, file=f, offset=off, length=n)
-            self._link.publish_direct(self._link.topic(topics.OTA_REQUEST), req.payload(), qos=0, retain=False)
+        for req in again:
+            self.chunks.request(req)
 
     def _accepted(self, t: Transfer) -> dict[str, Any]:
         self.status(t.id, OtaState.ACCEPTED, model=t.ref, done=t.have, total=t.total)
@@ -286,50 +209,6 @@ class OtaReceiver:
         self._thread = threading.Thread(target=self._run, args=(t,), name="ota", daemon=True)
         self._thread.start()
 
-    # ---- chunks (paho's network thread: check the header, queue only what was asked for) -----
-    def on_data(self, msg: MQTTMessage) -> None:
-        payload = msg.payload
-        try:
-            key, start = chunk_key(payload)
-        except ProtocolError:
-            self._drop(len(payload), "malformed")
-            return
-        size = len(payload) - start
-        with self._want_lock:
-            length = self._wanted.get(key)
-            if length is None:
-                drop = "not asked for"
-            elif size != length:  # asked for, the wrong length: never written; the transfer asks again
-                drop = ""
-                del self._wanted[key]
-                self.bad_chunks += 1
-            elif self._queued_bytes + size > self.max_queued_bytes:
-                drop = "queue full"
-            else:
-                drop = ""
-                del self._wanted[key]
-                self._queued_bytes += size
-        if drop:
-            self._drop(len(payload), drop)  # asked for again after retry_s when it was wanted
-            return
-        data = bytes(payload[start:]) if length == size else b""  # b"": the wrong length, never written
-        self._chunks.put_nowait(_Chunk(*key, data))
-
-    def _drop(self, nbytes: int, why: str) -> None:
-        self.dropped_chunks += 1
-        self.dropped_bytes += nbytes
-        now = time.monotonic()
-        last_t, last_n = self._dropped_logged
-        if now - last_t >= DROP_LOG_EVERY_S:
-            self._dropped_logged = (now, self.dropped_chunks)
-            logger.warning(
-                "ota: dropped %d chunk(s) on ota/data since the last report (this one %s, %d bytes); %d dropped in all",
-                self.dropped_chunks - last_n,
-                why,
-                nbytes,
-                self.dropped_chunks,
-            )
-
     def stats(self) -> dict[str, Any]:
         """For telemetry: the running transfer, chunks dropped on arrival, bytes waiting to be written."""
         cur = self._current
@@ -337,10 +216,10 @@ class OtaReceiver:
         return {
             "transfer": cur.id if running and cur is not None else None,
             "completed": self.completed,
-            "chunks_dropped": self.dropped_chunks,
-            "chunks_dropped_bytes": self.dropped_bytes,
-            "chunks_bad": self.bad_chunks,
-            "queued_bytes": self._queued_bytes,
+            "chunks_dropped": self.chunks.dropped_chunks,
+            "chunks_dropped_bytes": self.chunks.dropped_bytes,
+            "chunks_bad": self.chunks.bad_chunks,
+            "queued_bytes": self.chunks.queued_bytes,
         }
 
     def join(self, timeout_s: float) -> None:
@@ -352,11 +231,6 @@ class OtaReceiver:
             if t.is_alive():
                 logger.warning("ota: the transfer thread did not stop within %.0f s", timeout_s)
 
-    def _forget(self) -> None:
-        """Stop wanting the requests in flight (one transfer runs at a time): late answers are dropped."""
-        with self._want_lock:
-            self._wanted.clear()
-
     # ---- the transfer thread ---------------------------------------------------------------
     def _run(self, t: Transfer) -> None:
         m = t.offer.manifest
@@ -367,7 +241,7 @@ class OtaReceiver:
                 t.stage.mkdir(parents=True, exist_ok=True)
                 for name in sorted(m.files):
                     entry = m.files[name]
-                    fetch = self._fetch_url if t.urls else self._fetch
+                    fetch = self._fetch_url if t.urls else self.chunks.fetch
                     fetch(t, name, entry.size, entry.sha256)
                     if self._stop.is_set():
                         return
@@ -399,80 +273,8 @@ class OtaReceiver:
             failure = EdgedError(f"{type(exc).__name__}: {exc}", code=Code.FAILED)
             self.status(t.id, OtaState.FAILED, model=t.ref, error=failure)
 
-    def _fetch(self, t: Transfer, name: str, size: int, sha256: str) -> None:
-        """Download one file into ``<name>.part``, hashing each chunk as it is written (in order), and rename
-        it to its name only when its sha256 is the signed manifest's: the file is never read again here."""
-        part = PartFile(t.stage, name, size, t.progress.get(name, 0))
-        try:
-            chunk_bytes = self.cfg.chunk_kb * 1024
-            asked: dict[int, int] = {}  # offset -> length, in flight
-            next_off = part.done
-            last_data = last_ask = time.monotonic()
-            reask = Backoff(self.cfg.retry_s, max(self.cfg.retry_s, MAX_REASK_S))
-            quiet_s = self.cfg.retry_s + reask.next_s()  # jittered: a fleet offered together asks again apart
-            since_save = 0
-            last_status = 0.0
-            while part.done < size and not self._stop.is_set():
-                while len(asked) < self.cfg.window and next_off < size:
-                    n = min(chunk_bytes, size - next_off)
-                    self._ask(t, name, next_off, n)
-                    asked[next_off] = n
-                    next_off += n
-                    last_ask = time.monotonic()
-                try:
-                    c = self._chunks.get(timeout=0.25)
-                    with self._want_lock:
-                        self._queued_bytes -= len(c.data)
-                except queue.Empty:
-                    now = time.monotonic()
-                    if now - last_data > self.cfg.give_up_s:
-                        raise EdgedError(
-                            f"no data for {self.cfg.give_up_s:.0f} s; {t.have} of {t.total} bytes kept for a resume",
-                            code=Code.STALLED,
-                        ) from None
-                    if now - last_ask > quiet_s:  # lost requests or chunks (broker away?): ask again
-                        quiet_s = self.cfg.retry_s + reask.next_s()
-                        asked.clear()
-                        self._forget()
-                        next_off = part.done
-                    continue
-                ours = c.transfer == t.id or c.transfer in t.former  # accepted before a newer offer joined
-                if not ours or c.file != name or c.offset != part.done or c.offset not in asked:
-                    continue  # a duplicate, a stale answer, another transfer's chunk
-                if len(c.data) != asked[c.offset] or c.offset + len(c.data) > size:
-                    asked.clear()  # the wrong length (on_data counted it): ask again from here
-                    self._forget()
-                    next_off = part.done
-                    continue  # never written: only the bytes asked for, inside the declared size
-                part.write(c.data)  # in order: chunks are written only at `done`
-                del asked[c.offset]
-                since_save += len(c.data)
-                last_data = time.monotonic()
-                if reask.failures > 1:  # answered again after asking again: back to the first step
-                    reask.reset()
-                    quiet_s = self.cfg.retry_s + reask.next_s()
-                if since_save >= PROGRESS_EVERY or part.done == size:
-                    t.progress[name] = part.sync()
-                    t.save()
-                    since_save = 0
-                if last_data - last_status >= 0.5 or part.done == size:
-                    self.status(t.id, OtaState.DOWNLOADING, model=t.ref, done=t.have, total=t.total)
-                    last_status = last_data
-            if part.done < size:
-                return  # stopping: what arrived is kept for a resume
-            self._finish(t, part, sha256)
-        finally:
-            self._forget()
-            part.close()
-
-    def _finish(self, t: Transfer, part: PartFile, sha256: str) -> None:
-        """The whole file: renamed to its name when its hash is the manifest's, else discarded (PackageError)."""
-        try:
-            part.finish(sha256, str(t.ref))
-        except PackageError:
-            t.progress.pop(part.name, None)
-            t.save()
-            raise
+    def _downloading(self, t: Transfer) -> None:
+        self.status(t.id, OtaState.DOWNLOADING, model=t.ref, done=t.have, total=t.total)
 
     # ---- files over HTTP(S) (the offer named their URLs) -------------------------------------
     def _check_urls(self, args: OfferArgs, files: set[str]) -> None:
@@ -523,17 +325,11 @@ class OtaReceiver:
             self._http.fetch(lambda: t.urls[name], part, on_bytes, on_retry)  # a join may bring new URLs
             if part.done < size:
                 return  # stopping: what arrived is kept for a resume
-            self._finish(t, part, sha256)
+            t.finish(part, sha256)
         finally:
             if part.path.exists() and part.done > part.synced:
                 record()  # stopping or failed: a restart resumes from every byte held
             part.close()
-
-    def _ask(self, t: Transfer, name: str, offset: int, length: int) -> None:
-        with self._want_lock:  # the id read under the lock: a join moves what is in _wanted and asks it again
-            req = ChunkRequest(transfer=t.id, file=name, offset=offset, length=length)
-            self._wanted[(t.id, name, offset)] = length
-        self._link.publish_direct(self._link.topic(topics.OTA_REQUEST), req.payload(), qos=0, retain=False)
 
     def status(
         self,

@@ -16,36 +16,28 @@ they were written (an OTA download): nothing is copied, ``activate()`` renames i
 ``state.json`` and restores it from ``state.json.bak`` (else rebuilds it from what is on disk), and
 points a dangling ``current`` at ``previous``. So after a crash at any step exactly one of old / new is ``current``.
 
-Verification of an offered package runs in the order of DESIGN §5 and stops at the first failure,
-each with its own code, before anything is copied: size caps -> key pinned -> signature -> strict
-parse -> not expired -> version above the highest accepted (equal: nothing to do) -> not marked bad
--> an engine declares its compatibility, and it matches this device -> space -> every file's size and hash.
+An offered package is verified (`models.offer`: every check that needs only its manifest and
+signature, in DESIGN §5's order) before anything is copied; its files' sizes and hashes last. The
+record of each model, ``state.json`` and its backup, is `models.storestate`'s; the file helpers are
+`models.storefiles`'.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from edged.errors import Code, PackageError
 
-from .compat import DeviceFacts, detect, mismatches
-from .package import (
-    MANIFEST,
-    MAX_MANIFEST_BYTES,
-    Manifest,
-    Package,
-    _with_labels_file,
-    parse_manifest,
-    verify_folder,
-)
+from .compat import DeviceFacts, detect
+from .offer import MAX_FILE_BYTES, Offer, admit, check_offer
+from .package import MANIFEST, Package, _with_labels_file, verify_folder
 from .signing import SIG_FILE, TrustStore
 from .storefiles import (
     copy_files,
@@ -55,50 +47,22 @@ from .storefiles import (
     read_head,
     write_atomic,
 )
+from .storestate import STATE, STATE_BACKUP, ModelState, read_state, rebuilt_state, write_state
 
-STATE = "state.json"
-STATE_BACKUP = "state.json.bak"  # the same bytes, written just before state.json (see Store._save)
-MAX_FILE_BYTES = 8 << 30  # no single model file over 8 GiB
+__all__ = [
+    "INSTALL_STEPS",
+    "MAX_FILE_BYTES",
+    "ROLLBACK_STEPS",
+    "STATE",
+    "STATE_BACKUP",
+    "Installed",
+    "ModelState",
+    "Offer",
+    "Store",
+]
 
 INSTALL_STEPS = ("staged", "hidden", "renamed", "state_written", "previous_linked", "current_linked")
 ROLLBACK_STEPS = ("marked_bad", "rolled_back")
-
-
-@dataclass
-class ModelState:
-    highest_accepted: int = 0
-    pending: int | None = None  # the version on probation, if any
-    probation_crashes: int = 0
-    probation_since: float | None = None
-    bad: list[int] = field(default_factory=list)
-    probation_boot: str | None = None  # boot id of the daemon run judging the probation; set = not stopped cleanly
-    baseline_infer_ms: float | None = (
-        None  # the replaced version's median batch cost (CPU time on a CPU backend): to beat
-    )
-
-    def to_json(self) -> bytes:
-        return (json.dumps({"schema": "edged.store/1", **asdict(self)}, indent=2) + "\n").encode()
-
-    @classmethod
-    def parse(cls, data: bytes) -> ModelState:
-        doc = json.loads(data)
-        if not isinstance(doc, dict) or doc.pop("schema", None) != "edged.store/1":
-            raise ValueError("not an edged.store/1 document")
-        state = cls(**doc)
-        if not isinstance(state.highest_accepted, int) or not all(isinstance(v, int) for v in state.bad):
-            raise ValueError("wrong types")
-        return state
-
-
-@dataclass(frozen=True)
-class Offer:
-    """A package whose manifest passed every check that needs no file contents."""
-
-    manifest: Manifest
-    manifest_bytes: bytes
-    sig_bytes: bytes
-    key_id: str
-    same_version: bool
 
 
 @dataclass(frozen=True)
@@ -138,10 +102,7 @@ class Store:
         return int(target) if target.isdigit() else None
 
     def state(self, name: str) -> ModelState:
-        path = self._dir(name) / STATE
-        if not path.exists():
-            return ModelState()
-        return ModelState.parse(path.read_bytes())
+        return read_state(self._dir(name))
 
     def current(self, name: str) -> Package:
         link = self._dir(name) / "current"
@@ -179,7 +140,7 @@ class Store:
             except (ValueError, TypeError, OSError) as exc:
                 quarantine = d / f"{STATE}.corrupt-{int(time.time())}"
                 os.replace(d / STATE, quarantine)
-                state, source = self._rebuilt_state(name)
+                state, source = rebuilt_state(d, self.versions(name))
                 self._save(name, state)
                 done.append(f"{name}: {STATE} was corrupt ({exc}); kept as {quarantine.name}, {source}")
             for which in ("current", "previous"):
@@ -215,27 +176,10 @@ class Store:
                     done.append(f"{name}: current -> {fallback}")
         return done
 
-    def _rebuilt_state(self, name: str) -> tuple[ModelState, str]:
-        """The state to go on with when state.json is corrupt: its backup copy (which keeps the versions
-        marked bad, the probation and its crash count), else what the disk shows (every version good)."""
-        versions = self.versions(name)
-        backup = self._dir(name) / STATE_BACKUP
-        try:
-            state = ModelState.parse(backup.read_bytes())
-        except (ValueError, TypeError, OSError) as exc:
-            why = "missing" if isinstance(exc, FileNotFoundError) else f"unusable too ({exc})"
-            state = ModelState(highest_accepted=max(versions, default=0))
-            return state, f"rebuilt from disk (its backup {STATE_BACKUP} is {why}; the versions marked bad are lost)"
-        state.highest_accepted = max(state.highest_accepted, *versions, 0)
-        return state, f"restored from its backup {STATE_BACKUP} (bad versions {sorted(state.bad)})"
-
     def _save(self, name: str, state: ModelState) -> None:
-        """state.json, after its backup copy (both written atomically): a state.json damaged later (by the
-        disk, by hand) is restored from the backup at the next start instead of being rebuilt from disk."""
-        d = self._dir(name)
-        data = state.to_json()
-        write_atomic(d / STATE_BACKUP, data)
-        write_atomic(d / STATE, data)
+        """state.json, after its backup copy (`storestate.write_state`): a state.json damaged later is
+        restored from the backup at the next start instead of being rebuilt from disk."""
+        write_state(self._dir(name), state)
 
     def probation_blames(self, name: str) -> bool:
         """True when the version on probation (still current) has evidence against it: a run died with it
@@ -249,7 +193,7 @@ class Store:
             and (state.probation_boot is not None or state.probation_crashes > 0)
         )
 
-    # ---- verification ----------------------------------------------------------------------
+    # ---- verification (models.offer) --------------------------------------------------------
     def check_offer(
         self,
         manifest_bytes: bytes,
@@ -260,63 +204,7 @@ class Store:
         now: dt.datetime | None = None,
     ) -> Offer:
         """Every check that needs only manifest.json and manifest.sig, in DESIGN §5's order."""
-        if len(manifest_bytes) > MAX_MANIFEST_BYTES:
-            raise PackageError(
-                f"{where}: manifest is {len(manifest_bytes)} bytes, over {MAX_MANIFEST_BYTES}", code=Code.TOO_LARGE
-            )
-        kid = trust.verify(manifest_bytes, sig_bytes, where)
-        m = parse_manifest(manifest_bytes, where)
-        same = self._admit(m, where, facts, now)
-        return Offer(m, manifest_bytes, sig_bytes, kid, same)
-
-    def _admit(self, m: Manifest, where: str, facts: DeviceFacts | None = None, now: dt.datetime | None = None) -> bool:
-        """The checks of a verified manifest against this device and the store's state, which may change
-        while a package downloads (so `adopt` runs them again); True when this version is already current."""
-        now = now or dt.datetime.now(dt.timezone.utc)
-        if m.expires is not None:
-            try:
-                expires = dt.datetime.fromisoformat(m.expires.replace("Z", "+00:00"))
-            except ValueError as exc:
-                raise PackageError(
-                    f"{where}: expires {m.expires!r} is not ISO 8601", code=Code.MANIFEST_INVALID
-                ) from exc
-            if expires.tzinfo is None:
-                expires = expires.replace(tzinfo=dt.timezone.utc)
-            if expires <= now:
-                raise PackageError(f"{where}: {m.name}@{m.version} expired at {m.expires}", code=Code.EXPIRED)
-        state = self.state(m.name)
-        if m.version in state.bad:
-            raise PackageError(
-                f"{where}: {m.name}@{m.version} was rolled back here and is never retried", code=Code.BAD_VERSION
-            )
-        if m.version < state.highest_accepted:
-            raise PackageError(
-                f"{where}: {m.name}@{m.version} is older than the highest accepted version "
-                f"{state.highest_accepted} (replayed?)",
-                code=Code.OLDER_VERSION,
-            )
-        same = m.version == state.highest_accepted and self.pointer(m.name, "current") == m.version
-        if m.kind == "engine" and not m.compatibility:  # an engine runs only where it was built: it must say where
-            raise PackageError(
-                f"{where}: {m.name}@{m.version} is a TensorRT engine whose manifest declares no compatibility "
-                "(TensorRT version, GPU compute capability, L4T release, platform); it cannot be checked "
-                "against this device. Rebuild it with `edged build-engine`, which records them",
-                code=Code.COMPATIBILITY_MISSING,
-            )
-        if m.kind == "engine" and facts is not None:  # ONNX packages run anywhere ONNX Runtime does
-            problems = mismatches(m.compatibility, facts)
-            if problems:
-                raise PackageError(
-                    f"{where}: {m.name}@{m.version} cannot run here: {'; '.join(problems)}", code=Code.INCOMPATIBLE
-                )
-        if any(e.size > MAX_FILE_BYTES for e in m.files.values()):
-            raise PackageError(f"{where}: a file is declared over {MAX_FILE_BYTES} bytes", code=Code.TOO_LARGE)
-        need = sum(e.size for e in m.files.values())
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(self.state_dir).free
-        if not same and need * 1.1 > free:
-            raise PackageError(f"{where}: needs {need >> 20} MiB, {free >> 20} MiB free", code=Code.NO_SPACE)
-        return same
+        return check_offer(self, manifest_bytes, sig_bytes, trust, where, facts, now)
 
     # ---- install ---------------------------------------------------------------------------
     def install(
@@ -378,7 +266,7 @@ class Store:
         where = str(folder)
         if not folder.resolve().is_relative_to(self.state_dir.resolve()):
             raise PackageError(f"{where}: not under {self.state_dir}: it cannot be renamed in", code=Code.FAILED)
-        if self._admit(m, where, facts or detect()):
+        if admit(self, m, where, facts or detect()):  # the state may have changed since the offer
             return None
         for tmp in folder.glob(".*.tmp"):  # a write_atomic cut short by a crash
             tmp.unlink()
