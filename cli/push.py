@@ -100,7 +100,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _push(args: argparse.Namespace) -> int:
     from edged.daemon.config import MqttConfig, load_mqtt_config
     from edged.deploy.mirror import Mirror, is_url, stage
-    from edged.deploy.push import run_push
+    from edged.deploy.rollout import start_rollout
 
     if args.resume is None and args.package is None:
         print("edged push: error: name a package, or --resume FILE", file=sys.stderr)
@@ -122,7 +122,7 @@ def _push(args: argparse.Namespace) -> int:
     mqtt_cfg = load_mqtt_config(args.config) if args.config else MqttConfig()
     update = {k: v for k, v in (("host", args.host), ("port", args.port), ("topic_prefix", args.prefix)) if v}
     mqtt_cfg = mqtt_cfg.model_copy(update=update)
-    return run_push(
+    return start_rollout(
         mqtt_cfg,
         args.package,
         args.device,

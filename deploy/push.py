@@ -410,24 +410,6 @@ class Progress:
         self.out.flush()
 
 
-def run_push(
-    mqtt_cfg: MqttSettings,
-    package: Path | None,
-    devices: list[str],
-    group: str | None,
-    canary: int,
-    wait: Wait,
-    timeout_s: float,
-    discover_s: float = 2.0,
-    out: TextIO = sys.stderr,
-    **rollout: Any,
-) -> int:
-    """A push is a rollout (deploy/rollout.py: waves, thresholds, a state file to resume from)."""
-    from .rollout import start_rollout  # rollout.py builds on this module
-
-    return start_rollout(mqtt_cfg, package, devices, group, canary, wait, timeout_s, discover_s, out, **rollout)
-
-
 def report(pusher: Pusher, wait: Wait, seconds: float, out: TextIO) -> int:
     devs = list(pusher.devices.values())
     ok = [d for d in devs if d.ok(wait)]
