@@ -3,8 +3,10 @@ it turns the outputs into results while the next batch runs, and hands them on.
 
 It takes at most one frame per camera per batch (the latest), goes as soon as B frames are
 in hand or every live camera has given one, and otherwise waits at most ``max_wait_ms`` after
-the first frame for more. A short batch is padded: padding rows are run (the engine's batch is
-fixed) but never decoded or published. The thread owns the backend (and, on a GPU, its context).
+the first frame for more. It runs the smallest fixed batch the model carries that covers the frames
+in hand (a package with ``extra_batches``: one camera runs at batch 1, four at batch 4); what that
+batch has beyond them is padding: run (the engine's batch is fixed) but never decoded or published.
+The thread owns the backend (and, on a GPU, its context).
 
 A model swap (swap.py) hands the loop a new `ActiveModel` with `flip()`; the loop takes it between two
 batches, so every batch, and every result, belongs to exactly one model version. `flip(None)` holds
@@ -27,6 +29,7 @@ from edged.errors import InferenceError
 from edged.models.package import InputSpec
 
 from .backends import Backend
+from .backends.base import fixed_batches
 from .capture import Camera, FrameMeta
 from .decoders import DecodeOptions, Decoder, Detection
 from .motion import MotionGate
@@ -141,6 +144,7 @@ class InferenceStats:
     batches: int = 0
     rows: int = 0  # real frames inferred
     padded_rows: int = 0
+    by_batch: dict[int, int] = field(default_factory=dict)  # batches run at each fixed batch size
     errors: int = 0
     infer_ms: Window = field(default_factory=Window)
     capture_to_result_ms: Window = field(default_factory=Window)
@@ -172,6 +176,7 @@ class InferenceLoop:
         self._flip_lock = threading.Lock()
         self.batch = np.zeros(spec.shape, dtype=cameras[0].rows[0].dtype if cameras else np.float32)
         self._next = 0  # round-robin start, so no camera is always first
+        self._sized: tuple[ActiveModel | None, tuple[int, ...]] = (None, (spec.batch,))  # the model's batches
         self._decode_q: queue.Queue[_Batch | None] = queue.Queue(maxsize=2)
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._decoder_thread = threading.Thread(target=self._decode_loop, name="decode", daemon=True)
@@ -316,9 +321,11 @@ class InferenceLoop:
         with self.cond:
             for cam, idx, _ in taken:
                 cam.release_locked(idx)
+        size = self._size_for(model, len(taken))
         t0, c0 = time.perf_counter(), time.process_time()
         try:
-            outputs = model.backend.infer({self.spec.name: self.batch})
+            # the first `size` rows: a view, no copy (the rows past the frames are padding)
+            outputs = model.backend.infer({self.spec.name: self.batch[:size]})
         except Exception:  # a loop boundary: log once with the traceback, count, drop the batch
             self._count_error("inference", model)
             return
@@ -328,12 +335,19 @@ class InferenceLoop:
         model.cost_ms.add((time.process_time() - c0) * 1000.0 if model.backend.cpu_bound else infer_ms)
         self.stats.batches += 1
         self.stats.rows += len(taken)
-        self.stats.padded_rows += self.spec.batch - len(taken)
+        self.stats.padded_rows += size - len(taken)
+        self.stats.by_batch[size] = self.stats.by_batch.get(size, 0) + 1
         self.stats.infer_ms.add(infer_ms)
         self.stats.last_progress = time.monotonic()
         # Decoding overlaps the next batch's inference; the bounded queue holds the engine back
         # (and so makes cameras drop frames) if decoding ever falls behind.
         self._decode_q.put(_Batch(outputs, [(cam.name, meta) for cam, _, meta in taken], infer_ms, model))
+
+    def _size_for(self, model: ActiveModel, frames: int) -> int:
+        """The smallest fixed batch of `model` that holds `frames` (the largest is the spec's batch)."""
+        if model is not self._sized[0]:
+            self._sized = (model, fixed_batches(model.backend, self.spec.batch))
+        return next((b for b in self._sized[1] if b >= frames), self.spec.batch)
 
     def _decode_loop(self) -> None:
         while (batch := self._decode_q.get()) is not None:
@@ -361,11 +375,13 @@ class InferenceLoop:
 
 
 def warm_up(backend: Backend, spec: InputSpec, batches: int) -> float:
-    """Run `batches` batches of zeros through `backend`; return the last one's time in ms."""
+    """Run `batches` batches of zeros through `backend` at each fixed batch it carries (smallest first); return
+    the last one's time in ms (the largest batch's)."""
     zeros = np.zeros(spec.shape, dtype=spec.dtype)
     ms = 0.0
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        backend.infer({spec.name: zeros})
-        ms = (time.perf_counter() - t0) * 1000.0
+    for size in fixed_batches(backend, spec.batch):
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            backend.infer({spec.name: zeros[:size]})
+            ms = (time.perf_counter() - t0) * 1000.0
     return ms
