@@ -172,3 +172,32 @@ def test_daemon_runs_the_smallest_batch_that_covers_the_cameras(
         assert {f: dets for (c, f), dets in four.items() if c == f"cam{cam}"} == {
             f: dets for (_, f), dets in ref.items()
         }, f"cam{cam}'s results differ from the single-batch package's"
+
+
+def test_quantize_carries_every_batch(built: dict[str, Any], tmp_path: Path) -> None:
+    """`edged quantize --batch 1,4` on the single-batch float package: the int8 model at 4 and, rebatched
+    (the same scales), at 1; the package loads and each batch's rows agree."""
+    out = tmp_path / "int8"
+    done = edged_cli(
+        "quantize", str(built["single"].root), "--calib", str(built["clip"]), "--calib-frames", "8",
+        "--eval", str(built["clip"]), "--eval-frames", "16", "--no-search", "--score-threshold", "0.7",
+        "--threads", "1", "--batch", "1,4", "--out", str(out), "--force",
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode in (0, 4) and "quantize: wrote" in done.stdout, done.stderr[-2000:]
+    assert "model.b1.onnx (the quantized model rebatched" in done.stderr
+    pkg = verify_folder(out)
+    assert pkg.manifest.precision == "int8" and pkg.manifest.batch_files == {1: "model.b1.onnx", 4: "model.onnx"}
+    spec = pkg.manifest.input
+    x = np.load(built["single"].root / "golden_input.npy")
+    with BatchSet({b: OnnxRuntimeBackend(p, threads=1) for b, p in pkg.batch_paths.items()}) as backend:
+        check_io(pkg, backend)
+        four, one = backend.infer({spec.name: x}), backend.infer({spec.name: x[:1]})
+    for name, value in one.items():
+        assert np.allclose(value[0], four[name][0], rtol=1e-3, atol=1e-4), name
+    # the largest batch must stay the model's own
+    bad = edged_cli(
+        "quantize", str(built["single"].root), "--precision", "fp16", "--eval", str(built["clip"]),
+        "--batch", "1,8", "--out", str(tmp_path / "bad"),
+    )  # fmt: skip
+    assert bad.returncode == 1 and "the largest must be the model's own batch 4" in bad.stderr, bad.stderr[-1000:]
