@@ -293,7 +293,14 @@ class InferenceLoop:
 
     def _gather_loop(self) -> None:
         """Fill a free buffer with the next batch's frames, hand it to the inference thread; until stopped
-        (a batch gathered as the stop came is still handed on: the inference thread runs it)."""
+        (a batch gathered as the stop came is still handed on: the inference thread runs it). A failure ends
+        it, logged, and the inference thread with it (the daemon stops: `alive`)."""
+        try:
+            self._gather_batches()
+        except Exception:
+            logger.exception("gathering frames failed")
+
+    def _gather_batches(self) -> None:
         while not self._stop.is_set():
             with self.cond:
                 while not self._free and not self._stop.is_set():
@@ -316,6 +323,10 @@ class InferenceLoop:
                 else:
                     self._free.append(slot)
 
+    def _drained(self) -> bool:
+        with self.cond:
+            return not self._gathered or self.active is None
+
     def _next_gathered(self) -> _Gathered | None:
         """The next gathered batch, or None after a short wait (a flip waits, the loop is held, or none came)."""
         with self.cond:
@@ -333,10 +344,10 @@ class InferenceLoop:
                 got = self._next_gathered()
                 if got is not None and self.active is not None:
                     self._run_batch(got, self.active)
-                elif self._stop.is_set() and not self._gather_thread.is_alive():
-                    with self.cond:
-                        if not self._gathered or self.active is None:
-                            break  # stopped, and every batch gathered has run (unless held by a swap)
+                elif not self._gather_thread.is_alive() and self._drained():
+                    if not self._stop.is_set():
+                        logger.error("the gather thread ended before a stop: the inference thread ends too")
+                    break  # every batch gathered has run (unless held by a swap)
         finally:
             self._take_flip()  # a swap waiting on this thread is answered, not left hanging
             self._decode_q.put(None)  # the decode thread finishes what is queued, then ends

@@ -200,7 +200,7 @@ class ModelLoader:
         m = package.manifest
         in_use_mb = rss_mb()
         row_mb = int(np.prod(m.input.shape[1:])) * np.dtype(m.input.dtype).itemsize / 2**20
-        buffers_mb = row_mb * (3 * len(cfg.cameras) + m.input.batch)
+        buffers_mb = row_mb * (3 * len(cfg.cameras) + 2 * m.input.batch)  # camera slots, the loop's two batches
         model_mb = estimate_mb(package)  # every batch's weights, I/O and activations: refused before any loads
         admit(package.ref, model_mb, buffers_mb, in_use_mb, cfg.memory.budget_mb)
         backend = backend or open_package_backend(cfg, package)

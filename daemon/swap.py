@@ -63,11 +63,14 @@ def check_io(pkg: Package, backend: Backend) -> None:
     """The loaded model's input against the manifest (name, fixed shape, dtype; models/validate.py), at each of
     the package's fixed batches."""
     spec = pkg.manifest.input
-    members = backend.member if isinstance(backend, BatchSet) else (lambda b: backend)
+    paths = pkg.batch_paths
     try:
-        for b, path in pkg.batch_paths.items():
-            inputs = [Tensor(t.name, t.shape, t.dtype) for t in members(b).inputs]
-            check_input(batch_spec(spec, b), inputs, str(path))
+        # the batches the backend runs (a TensorRT engine built on the device for a several-batch package: the
+        # largest only)
+        for b in fixed_batches(backend, spec.batch):
+            member = backend.member(b) if isinstance(backend, BatchSet) else backend
+            inputs = [Tensor(t.name, t.shape, t.dtype) for t in member.inputs]
+            check_input(batch_spec(spec, b), inputs, str(paths.get(b, pkg.model_path)))
     except PackageError as exc:
         raise EngineLoadError(str(exc)) from exc
 
@@ -89,10 +92,11 @@ def golden_check(pkg: Package, backend: Backend) -> str | None:
             f"{pkg.ref}: golden input is {x.dtype}{list(x.shape)}, the model takes {spec.dtype}{spec.shape}",
             code=Code.GOLDEN_INVALID,
         )
-    for b in fixed_batches(backend, spec.batch):  # each fixed batch on the golden input's first rows
+    batches = fixed_batches(backend, spec.batch)
+    for b in batches:  # each fixed batch the backend runs, on the golden input's first rows
         _golden_outputs(pkg, g, backend.infer({spec.name: x[:b]}), expected, b)
     return f"golden check passed ({len(expected.files)} outputs" + (
-        f", at batches {list(pkg.manifest.batch_files)})" if pkg.manifest.extra_batches else ")"
+        f", at batches {list(batches)})" if len(batches) > 1 else ")"
     )
 
 

@@ -112,6 +112,11 @@ def test_batch_set_runs_each_batch_and_checks_each_golden(built: dict[str, Any],
             assert value.shape[0] == 1 and np.array_equal(value[0], four[name][0]), name
         with pytest.raises(InferenceError, match=r"no model at batch 2 \(this package carries \[1, 4\]\)"):
             backend.infer({spec.name: x[:2]})
+    # one backend at the largest batch (what model.build_on_device builds for such a package) is checked and
+    # warmed up at that batch alone
+    with OnnxRuntimeBackend(multi.model_path, threads=1) as largest:
+        check_io(multi, largest)
+        assert golden_check(multi, largest) == "golden check passed (4 outputs)"
     # a golden output that batch 1 does not reproduce is refused at that batch
     bad_out = tmp_path / "golden_output.npz"
     expected = dict(np.load(multi.root / "golden_output.npz"))
