@@ -4,13 +4,13 @@
 its backend's I/O as it loads a model), so a manifest that contradicts its model is refused with the
 exact mismatch before any device runs it, not when the daemon starts:
 
-- each of the package's smaller batches (``extra_batches``): the same input at its batch, the same
-  outputs with as many rows;
 - the input: the manifest's tensor name exists, the model takes one input, every dimension is fixed
   and equal to the manifest's shape (batch, layout and size), the element type is the manifest's dtype;
 - the outputs: handed to the decoder's own check (the caller passes it: decoders live in the daemon),
   which compares their count and shapes with what the decoder reads, and the class count with the
-  labels (the manifest's list, else its labels file: package.py reads it).
+  labels (the manifest's list, else its labels file: package.py reads it);
+- each of the package's smaller batches (``extra_batches``): the same input at its batch, the same
+  outputs with as many rows.
 
 ONNX is imported here lazily: the device's runtime never loads it (an engine package is checked
 against its TensorRT bindings by the daemon instead).
