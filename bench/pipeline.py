@@ -7,8 +7,11 @@ In one run, with the same model (BlazeFace 256x256 at the package's fixed batch 
   e2e        the daemon (real video decode, preprocessing, inference, decoding, JSON, MQTT QoS 1)
              counted at an MQTT subscriber on 127.0.0.1; eta = e2e / raw
   sleep      the same two with a stand-in backend that sleeps a fixed service time per image
-             (releasing the GIL) at Jetson-like timings: what the pipeline leaves on the table when
-             the engine is fast
+             (releasing the GIL) at Jetson-like timings (4 and 2 ms/img): what the pipeline leaves on
+             the table when the engine is fast; and with one that returns at once (what the cameras'
+             decoding and the rest of the pipeline deliver without an engine)
+  one camera the real engine and the sleeping one with one camera, on the batch-B package, the 1,B
+             package (edged model init --batch 1,B) and a batch-1 package (pipeline_batch.py)
   naive      the loop a user writes by hand: read -> preprocess -> infer -> publish, one frame at a
              time (with the same fixed-batch engine, and with a batch-1 engine of the same per-image cost)
   overload   frames offered at 2x the measured capacity: delivered / capacity; and capture-to-publish
@@ -18,7 +21,7 @@ In one run, with the same model (BlazeFace 256x256 at the package's fixed batch 
 Every figure is the median over --repeats runs; the machine and thread settings are printed.
 Results go to --out (JSON and a PNG plot of the stage breakdown).
 
-    python bench/pipeline.py [--seconds 8] [--repeats 3] [--sleep-ms 4] [--out bench/out]
+    python bench/pipeline.py [--seconds 8] [--repeats 3] [--sleep-ms 4,2] [--out bench/out]
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import cv2
@@ -49,7 +51,7 @@ import yaml
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edged.daemon.app import Daemon
-from edged.daemon.backends import OnnxRuntimeBackend, TensorInfo
+from edged.daemon.backends import OnnxRuntimeBackend
 from edged.daemon.capture import FrameMeta
 from edged.daemon.config import load_config
 from edged.daemon.decoders import DecodeOptions, build_decoder
@@ -59,46 +61,10 @@ from edged.daemon.publish import result_payload
 from edged.models.demo import fetch_demo
 from edged.protocol.client import make_client
 
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling module, also in spawned children (they unpickle)
+from pipeline_batch import SleepBackend, SleepSpec, load_sleep, make_packages, one_camera_lines, sleep_backend
+
 DEVICE = "bench-01"
-
-
-class SleepBackend:
-    """A bench-only backend: sleeps `per_image_ms` x batch per batch (the GIL is released while it
-    sleeps, as a GPU engine releases it) and returns real outputs captured from the real model."""
-
-    name = "sleep"
-    cpu_bound = False  # it sleeps, as a GPU engine waits
-
-    def __init__(self, outputs: dict[str, np.ndarray], inputs: list[TensorInfo], per_image_ms: float) -> None:
-        self._outputs = outputs
-        self._inputs = inputs
-        self.batch = inputs[0].shape[0]
-        self.per_batch_s = per_image_ms * self.batch / 1000.0
-
-    @property
-    def inputs(self) -> list[TensorInfo]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> list[TensorInfo]:
-        return [TensorInfo(k, tuple(v.shape), str(v.dtype)) for k, v in self._outputs.items()]
-
-    @property
-    def memory_bytes(self) -> int:
-        return 0
-
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        time.sleep(self.per_batch_s)
-        return self._outputs
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> SleepBackend:
-        return self
-
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        pass
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -211,23 +177,12 @@ def write_config(path: Path, port: int, package: Path, cameras: list[dict[str, A
 # --- child processes (spawned: a fresh interpreter, like the daemon on a device) ---------------------
 
 
-def _load_sleep(
-    outputs_npz: str, per_image_ms: float, batch: int, in_info: tuple[str, tuple[int, ...]]
-) -> SleepBackend:
-    data = np.load(outputs_npz)
-    outs = {k: (data[k] if data[k].shape[0] == batch else np.ascontiguousarray(data[k][:batch])) for k in data.files}
-    return SleepBackend(outs, [TensorInfo(in_info[0], (batch, *in_info[1][1:]), "float32")], per_image_ms)
-
-
-def daemon_child(cfg_path: str, seconds: float, sleep: tuple[str, float, tuple[str, tuple[int, ...]]] | None) -> None:
+def daemon_child(cfg_path: str, seconds: float, sleep: SleepSpec | None) -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
     cfg = load_config(cfg_path)
-    backend = None
-    if sleep is not None:
-        npz, ms, info = sleep
-        backend = _load_sleep(npz, ms, info[1][0], info)
+    backend = sleep_backend(sleep) if sleep is not None else None
     Daemon(cfg, backend).run(duration_s=seconds, install_signals=False)
 
 
@@ -238,7 +193,7 @@ def naive_child(
     seconds: float,
     kind: str,
     engine_batch: int,
-    sleep: tuple[str, float, tuple[str, tuple[int, ...]]] | None,
+    sleep: SleepSpec | None,
 ) -> None:
     """read -> preprocess -> infer -> decode -> publish, one frame at a time."""
     from edged.models.package import open_package
@@ -246,7 +201,7 @@ def naive_child(
     pkg = open_package(package)
     m = pkg.manifest
     if kind == "sleep" and sleep is not None:
-        backend: Any = _load_sleep(sleep[0], sleep[1], engine_batch, sleep[2])
+        backend: Any = load_sleep(sleep[0], sleep[1], engine_batch, sleep[2])
     else:
         backend = OnnxRuntimeBackend(pkg.model_path, threads=1)
     spec = m.input.model_copy(update={"shape": [engine_batch, *m.input.shape[1:]]})
@@ -414,11 +369,36 @@ def plot(path: Path, stages: dict[str, float], rows: dict[str, float], title: st
     plt.close(fig)
 
 
+def one_camera(
+    assets: Any, pkg: Any, work: Path, port: int, counter: Counter, args: argparse.Namespace, sleep: SleepSpec
+) -> dict[str, dict[str, float]]:
+    """One camera's throughput on the batch-B package, the 1,B package and a batch-1 package (real engine and
+    sleeping stand-in), runs interleaved: medians."""
+    packages = {"single": pkg.root, **make_packages(assets.root, work, pkg.manifest.input.batch)}
+    batches = {"single": sleep[3], "multi": (1, *sleep[3]), "b1": (1,)}
+    cam = [{"name": "cam0", "uri": f"file://{assets.video}", "realtime": False, "loop": True}]
+    runs: dict[str, dict[str, list[float]]] = {"onnxruntime": {k: [] for k in packages}, "sleep": {}}
+    runs["sleep"] = {k: [] for k in packages}
+    for _ in range(args.repeats):
+        for engine, by_key in runs.items():
+            for key, root in packages.items():
+                cfg = write_config(work / f"one-{key}.yaml", port, root, cam, work / "state")
+                stand_in = (*sleep[:3], batches[key]) if engine == "sleep" else None
+                run_child(daemon_child, (str(cfg), args.seconds, stand_in), counter, args.seconds + 60)
+                by_key[key].append(counter.rate())
+    return {engine: {k: median(v) for k, v in by_key.items()} for engine, by_key in runs.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=8.0, help="length of each end-to-end run")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--sleep-ms", type=float, default=4.0, help="the stand-in backend's service time per image")
+    ap.add_argument(
+        "--sleep-ms",
+        type=lambda t: [float(x) for x in t.split(",")],
+        default=[4.0, 2.0],
+        help="the stand-in backend's service times per image (4,2); the naive and overload runs use the first",
+    )
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -437,7 +417,8 @@ def main() -> int:
     )
     print(f"model {pkg.ref}: {m.input.shape} {m.input.layout}, batch {B}; video {assets.video.name} 960x540")
     print(f"each figure: median of {args.repeats} runs; end-to-end runs {args.seconds:.0f} s each\n")
-    res: dict[str, Any] = {"batch": B, "sleep_ms_per_image": args.sleep_ms, "repeats": args.repeats}
+    ms0 = args.sleep_ms[0]
+    res: dict[str, Any] = {"batch": B, "sleep_ms_per_image": ms0, "repeats": args.repeats}
     try:
         backend = OnnxRuntimeBackend(pkg.model_path, threads=1)
         pre = Preprocessor(m.input)
@@ -458,8 +439,12 @@ def main() -> int:
         res["raw_ort_loaded"] = median([raw_throughput(backend, m.input.name, batch, 40) for _ in range(args.repeats)])
         stop.set()
         loader.join(10)
-        sleep_be = SleepBackend(outputs, backend.inputs, args.sleep_ms)
-        res["raw_sleep"] = median([raw_throughput(sleep_be, m.input.name, batch, 100) for _ in range(args.repeats)])
+        res["sleep"] = {}
+        for ms in args.sleep_ms:
+            sleep_be = SleepBackend(outputs, backend.inputs, ms)
+            raw = median([raw_throughput(sleep_be, m.input.name, batch, 100) for _ in range(args.repeats)])
+            res["sleep"][ms] = {"raw": raw}
+        res["raw_sleep"] = res["sleep"][ms0]["raw"]
         res["stages_ms"] = stage_costs(assets.video, pkg, backend, port)
         backend.close()
 
@@ -469,7 +454,8 @@ def main() -> int:
         cfg = write_config(work / "e2e.yaml", port, pkg.root, files, work / "state")
         runs: dict[str, list[float]] = {
             "e2e_ort": [],
-            "e2e_sleep": [],
+            **{f"e2e_sleep_{ms:g}": [] for ms in args.sleep_ms},
+            "e2e_free": [],
             "naive_sleep": [],
             "naive_sleep_b1": [],
             "naive_ort": [],
@@ -479,22 +465,26 @@ def main() -> int:
             run_child(daemon_child, (str(cfg), args.seconds, None), counter, args.seconds + 60)
             runs["e2e_ort"].append(counter.rate())
             rss.append(counter.peak_rss_mb())
-            run_child(
-                daemon_child, (str(cfg), args.seconds, (str(npz), args.sleep_ms, info)), counter, args.seconds + 60
-            )
-            runs["e2e_sleep"].append(counter.rate())
-            rss.append(counter.peak_rss_mb())
+            for ms in (*args.sleep_ms, 0.0):  # 0: a backend that returns at once, what the rest delivers
+                stand_in: SleepSpec = (str(npz), ms, info, (B,))
+                run_child(daemon_child, (str(cfg), args.seconds, stand_in), counter, args.seconds + 60)
+                runs[f"e2e_sleep_{ms:g}" if ms else "e2e_free"].append(counter.rate())
+                rss.append(counter.peak_rss_mb())
             for key, kind, eb in (("naive_sleep", "sleep", B), ("naive_sleep_b1", "sleep", 1), ("naive_ort", "ort", B)):
                 run_child(
                     naive_child,
-                    (str(assets.video), str(pkg.root), port, args.seconds, kind, eb, (str(npz), args.sleep_ms, info)),
+                    (str(assets.video), str(pkg.root), port, args.seconds, kind, eb, (str(npz), ms0, info, (B,))),
                     counter,
                     args.seconds + 60,
                 )
                 runs[key].append(counter.rate(skip_s=1.0))
         for k, v in runs.items():
             res[k] = median(v)
+        for ms in args.sleep_ms:
+            res["sleep"][ms]["e2e"] = res.pop(f"e2e_sleep_{ms:g}")
+        res["e2e_sleep"] = res["sleep"][ms0]["e2e"]
         res["peak_rss_mb"] = max(rss)
+        res["one_camera"] = one_camera(assets, pkg, work, port, counter, args, (str(npz), ms0, info, (B,)))
 
         # Overload and latency on synthetic cameras paced at a chosen rate (960x540, like the video).
         cap_rate = res["e2e_sleep"]
@@ -512,7 +502,7 @@ def main() -> int:
                 ]
                 c2 = write_config(work / f"{sink}.yaml", port, pkg.root, cams, work / "state")
                 run_child(
-                    daemon_child, (str(c2), args.seconds, (str(npz), args.sleep_ms, info)), counter, args.seconds + 60
+                    daemon_child, (str(c2), args.seconds, (str(npz), ms0, info, (B,))), counter, args.seconds + 60
                 )
                 if sink == "over":
                     delivered.append(counter.rate())
@@ -534,6 +524,10 @@ def main() -> int:
     eta_ort = res["e2e_ort"] / res["raw_ort"]
     eta_sleep = res["e2e_sleep"] / res["raw_sleep"]
     res["eta_ort"], res["eta_sleep"] = eta_ort, eta_sleep
+    res["eta_ort_loaded"] = res["e2e_ort"] / res["raw_ort_loaded"]
+    for fig in res["sleep"].values():
+        fig["eta"] = fig["e2e"] / fig["raw"]
+        fig["eta_of_supply"] = fig["e2e"] / min(fig["raw"], res["e2e_free"])
     res["e2e_vs_naive_sleep"] = res["e2e_sleep"] / res["naive_sleep"]
     res["e2e_vs_naive_sleep_b1"] = res["e2e_sleep"] / res["naive_sleep_b1"]
     s = res["stages_ms"]
@@ -555,11 +549,23 @@ def main() -> int:
             f"{res['naive_ort']:.1f} img/s",
             f"e2e / naive {res['e2e_ort'] / res['naive_ort']:.2f}x",
         ),
-        (f"raw backend, sleeping {args.sleep_ms:g} ms/img", f"{res['raw_sleep']:.1f} img/s", ""),
+        *(
+            line
+            for ms, fig in res["sleep"].items()
+            for line in (
+                (f"raw backend, sleeping {ms:g} ms/img", f"{fig['raw']:.1f} img/s", ""),
+                (
+                    f"end to end, sleeping {ms:g} ms/img",
+                    f"{fig['e2e']:.1f} img/s",
+                    f"eta {fig['eta']:.3f} ({fig['eta_of_supply']:.3f} of min(engine, no-engine pipeline)); "
+                    f"overhead {1000 / fig['e2e'] - 1000 / fig['raw']:.2f} ms/frame",
+                ),
+            )
+        ),
         (
-            "end to end, sleeping",
-            f"{res['e2e_sleep']:.1f} img/s",
-            f"eta {eta_sleep:.3f}; overhead {1000 / res['e2e_sleep'] - 1000 / res['raw_sleep']:.2f} ms/frame",
+            "end to end, a backend that returns at once",
+            f"{res['e2e_free']:.1f} img/s",
+            "what the cameras and the pipeline deliver with no engine time",
         ),
         (
             "naive loop, sleeping (batch-B engine)",
@@ -581,6 +587,7 @@ def main() -> int:
             f"p50 {res['latency_half_load_p50_ms']:.1f} ms",
             f"p99 {res['latency_half_load_p99_ms']:.1f} ms",
         ),
+        *one_camera_lines(res, B),
         ("peak RSS of the daemon", f"{res['peak_rss_mb']:.0f} MB", ""),
         ("stages alone, ms/frame", " ".join(f"{k} {v:.2f}" for k, v in s.items()), ""),
     ]

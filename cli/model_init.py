@@ -26,7 +26,11 @@ def add_parsers(msub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--name", help="package name (default: the file's stem)")
     p.add_argument("--version", type=int, default=1, help="package version (default 1)")
     p.add_argument("--decoder", help="yolov8, yolov5, yolox, efficient_nms, picodet, ssd_anchors or classify")
-    p.add_argument("--batch", type=int, help="fixed batch (default: as exported, the metadata's, else 1)")
+    p.add_argument(
+        "--batch",
+        help="fixed batch, or several (1,2,4: one model file each; the daemon runs the smallest that covers the "
+        "frames ready) (default: as exported, the metadata's, else 1)",
+    )
     p.add_argument("--input-size", help="W or WxH for dynamic height/width (default: the metadata's imgsz)")
     p.add_argument("--labels", type=Path, help="labels file, one per line (default: the metadata's names)")
     p.add_argument("--color", choices=("RGB", "BGR"), help="colour order the model was trained on")
@@ -36,12 +40,14 @@ def add_parsers(msub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def _init(args: argparse.Namespace) -> int:
-    from edged.models.init import InitOptions, init_package, parse_size
+    from edged.models.init import InitOptions, init_package, parse_batches, parse_size
     from edged.models.package import verify_folder
 
+    batches = parse_batches(args.batch) if args.batch else ()
     opts = InitOptions(
-        args.model, args.out, args.name, args.version, args.decoder, args.batch,
+        args.model, args.out, args.name, args.version, args.decoder, batches[-1] if batches else None,
         parse_size(args.input_size) if args.input_size else None, args.labels, args.color, args.letterbox,
+        extra_batches=batches[:-1],
     )  # fmt: skip
     done = init_package(opts)
     for line in done.decisions:

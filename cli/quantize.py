@@ -65,6 +65,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     q.add_argument("--report", type=Path, help="also write the report as JSON here")
     q.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads for the evaluation (0: all)")
     q.add_argument("--force", action="store_true", help="write the package even when the gate fails")
+    q.add_argument(
+        "--batch",
+        help="fixed batches the package carries, e.g. 1,4 (the largest is the model's own; default: the source's)",
+    )
     q.set_defaults(func=_quantize)
 
     be = sub.add_parser(
@@ -125,6 +129,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _quantize(args: argparse.Namespace) -> int:
     import json
 
+    from edged.models.init import parse_batches
     from edged.quantize.report import Gate
     from edged.quantize.tool import quantize
 
@@ -152,6 +157,7 @@ def _quantize(args: argparse.Namespace) -> int:
         version=args.version,
         force=args.force,
         threads=args.threads,
+        batches=parse_batches(args.batch) if args.batch else None,
         progress=lambda m: print(f"quantize: {m}", file=sys.stderr, flush=True),
     )
     print(outcome.report.format())

@@ -1,10 +1,15 @@
-"""The inference thread: gather a fixed batch from ready cameras and run it; a decode thread beside
-it turns the outputs into results while the next batch runs, and hands them on.
+"""The inference thread runs fixed batches; a gather thread before it takes frames from ready cameras
+and copies them into one of two input buffers while the batch before runs (the copy is ~0.1 ms a row,
+off the engine's critical path), and a decode thread after it turns the outputs into results while
+the next batch runs, and hands them on.
 
 It takes at most one frame per camera per batch (the latest), goes as soon as B frames are
 in hand or every live camera has given one, and otherwise waits at most ``max_wait_ms`` after
-the first frame for more. A short batch is padded: padding rows are run (the engine's batch is
-fixed) but never decoded or published. The thread owns the backend (and, on a GPU, its context).
+the first frame for more. It runs the smallest fixed batch the model carries that covers the frames
+in hand (a package with ``extra_batches``: one camera runs at batch 1, four at batch 4); what that
+batch has beyond them is padding: run (the engine's batch is fixed) but never decoded or published.
+The inference thread owns the backend (and, on a GPU, its context); at most one gathered batch
+waits for it (two buffers: one being run, one being filled).
 
 A model swap (swap.py) hands the loop a new `ActiveModel` with `flip()`; the loop takes it between two
 batches, so every batch, and every result, belongs to exactly one model version. `flip(None)` holds
@@ -27,6 +32,7 @@ from edged.errors import InferenceError
 from edged.models.package import InputSpec
 
 from .backends import Backend
+from .backends.base import fixed_batches
 from .capture import Camera, FrameMeta
 from .decoders import DecodeOptions, Decoder, Detection
 from .motion import MotionGate
@@ -129,6 +135,12 @@ class OutputFigures:
 
 
 @dataclass(frozen=True)
+class _Gathered:
+    slot: int  # the input buffer that holds its rows
+    rows: list[tuple[str, FrameMeta]]  # camera name and frame of each real row, in batch order
+
+
+@dataclass(frozen=True)
 class _Batch:
     outputs: dict[str, np.ndarray]
     rows: list[tuple[str, FrameMeta]]  # camera name and frame of each real row, in batch order
@@ -141,6 +153,7 @@ class InferenceStats:
     batches: int = 0
     rows: int = 0  # real frames inferred
     padded_rows: int = 0
+    by_batch: dict[int, int] = field(default_factory=dict)  # batches run at each fixed batch size
     errors: int = 0
     infer_ms: Window = field(default_factory=Window)
     capture_to_result_ms: Window = field(default_factory=Window)
@@ -170,10 +183,15 @@ class InferenceLoop:
         self.stats = InferenceStats()
         self._pending: tuple[ActiveModel | None, threading.Event, list[ActiveModel | None]] | None = None
         self._flip_lock = threading.Lock()
-        self.batch = np.zeros(spec.shape, dtype=cameras[0].rows[0].dtype if cameras else np.float32)
+        dtype = cameras[0].rows[0].dtype if cameras else np.float32
+        self._buffers = [np.zeros(spec.shape, dtype=dtype) for _ in range(2)]
+        self._free = [0, 1]  # buffers the gather thread may fill (under cond)
+        self._gathered: deque[_Gathered] = deque()  # filled, for the inference thread (under cond)
         self._next = 0  # round-robin start, so no camera is always first
+        self._sized: tuple[ActiveModel | None, tuple[int, ...]] = (None, (spec.batch,))  # the model's batches
         self._decode_q: queue.Queue[_Batch | None] = queue.Queue(maxsize=2)
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
+        self._gather_thread = threading.Thread(target=self._gather_loop, name="gather", daemon=True)
         self._decoder_thread = threading.Thread(target=self._decode_loop, name="decode", daemon=True)
         # motion-gated cameras (their detection.motion): a frame where nothing moves is skipped, counted
         self.gates: dict[str, MotionGate] = {}
@@ -224,10 +242,12 @@ class InferenceLoop:
         done.set()
 
     def start(self) -> None:
+        self._gather_thread.start()
         self._thread.start()
         self._decoder_thread.start()
 
     def join(self, timeout: float | None = None) -> None:
+        self._gather_thread.join(timeout)
         self._thread.join(timeout)
         self._decoder_thread.join(timeout)
 
@@ -245,8 +265,6 @@ class InferenceLoop:
         n = len(self.cameras)
         with self.cond:
             while not self._stop.is_set():
-                if self._pending is not None and not taken:
-                    break  # a swap waits: take it before the next batch
                 have = {id(c) for c, _, _ in taken}
                 for k in range(n):
                     cam = self.cameras[(self._next + k) % n]
@@ -269,23 +287,67 @@ class InferenceLoop:
                         deadline = now + self.max_wait_s
                     if now >= deadline:
                         break
-                self.stats.last_progress = now  # idle but responsive
                 self.cond.wait(0.2 if deadline is None else max(0.0, deadline - now))
         self._next = (self._next + 1) % max(1, n)
         return taken
 
+    def _gather_loop(self) -> None:
+        """Fill a free buffer with the next batch's frames, hand it to the inference thread; until stopped
+        (a batch gathered as the stop came is still handed on: the inference thread runs it). A failure ends
+        it, logged, and the inference thread with it (the daemon stops: `alive`)."""
+        try:
+            self._gather_batches()
+        except Exception:
+            logger.exception("gathering frames failed")
+
+    def _gather_batches(self) -> None:
+        while not self._stop.is_set():
+            with self.cond:
+                while not self._free and not self._stop.is_set():
+                    self.cond.wait(0.2)
+                if not self._free:
+                    return
+                slot = self._free.pop()
+            taken = self._gather()
+            if self.gates and taken:
+                taken = self._gate(taken)
+            buffer = self._buffers[slot]
+            for i, (cam, idx, _) in enumerate(taken):
+                np.copyto(buffer[i], cam.rows[idx])
+            with self.cond:
+                for cam, idx, _ in taken:
+                    cam.release_locked(idx)
+                if taken:
+                    self._gathered.append(_Gathered(slot, [(cam.name, meta) for cam, _, meta in taken]))
+                    self.cond.notify_all()
+                else:
+                    self._free.append(slot)
+
+    def _drained(self) -> bool:
+        with self.cond:
+            return not self._gathered or self.active is None
+
+    def _next_gathered(self) -> _Gathered | None:
+        """The next gathered batch, or None after a short wait (a flip waits, the loop is held, or none came)."""
+        with self.cond:
+            if self._gathered and self.active is not None and self._pending is None:
+                return self._gathered.popleft()
+            self.stats.last_progress = time.monotonic()  # idle (or held) but responsive
+            if self._pending is None:
+                self.cond.wait(0.2)
+            return None
+
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
+            while True:
                 self._take_flip()
-                if self.active is None:  # held by a stop-the-world swap
-                    self.stats.last_progress = time.monotonic()
-                    with self.cond:
-                        self.cond.wait(0.1)
-                    continue
-                taken = self._gather()
-                if taken:
-                    self._run_batch(taken, self.active)
+                got = self._next_gathered()
+                if got is not None and self.active is not None:
+                    self._run_batch(got, self.active)
+                elif not self._gather_thread.is_alive() and self._drained():
+                    if not self._stop.is_set():
+                        logger.error("the gather thread ended before a stop: the inference thread ends too")
+                    break  # every batch gathered has run (unless held by a swap)
         finally:
             self._take_flip()  # a swap waiting on this thread is answered, not left hanging
             self._decode_q.put(None)  # the decode thread finishes what is queued, then ends
@@ -305,35 +367,38 @@ class InferenceLoop:
                     cam.release_locked(idx)
         return kept
 
-    def _run_batch(self, taken: list[tuple[Camera, int, FrameMeta]], model: ActiveModel) -> None:
-        if self.gates:
-            taken = self._gate(taken)
-            if not taken:
-                self.stats.last_progress = time.monotonic()
-                return
-        for i, (cam, idx, _) in enumerate(taken):
-            np.copyto(self.batch[i], cam.rows[idx])
-        with self.cond:
-            for cam, idx, _ in taken:
-                cam.release_locked(idx)
+    def _run_batch(self, got: _Gathered, model: ActiveModel) -> None:
+        size = self._size_for(model, len(got.rows))
         t0, c0 = time.perf_counter(), time.process_time()
         try:
-            outputs = model.backend.infer({self.spec.name: self.batch})
+            # the first `size` rows: a view, no copy (the rows past the frames are padding)
+            outputs = model.backend.infer({self.spec.name: self._buffers[got.slot][:size]})
         except Exception:  # a loop boundary: log once with the traceback, count, drop the batch
             self._count_error("inference", model)
             return
+        finally:
+            with self.cond:  # the outputs are the caller's (Backend.infer): the buffer may be filled again
+                self._free.append(got.slot)
+                self.cond.notify_all()
         infer_ms = (time.perf_counter() - t0) * 1000.0
         model.batches += 1
         model.infer_ms.add(infer_ms)
         model.cost_ms.add((time.process_time() - c0) * 1000.0 if model.backend.cpu_bound else infer_ms)
         self.stats.batches += 1
-        self.stats.rows += len(taken)
-        self.stats.padded_rows += self.spec.batch - len(taken)
+        self.stats.rows += len(got.rows)
+        self.stats.padded_rows += size - len(got.rows)
+        self.stats.by_batch[size] = self.stats.by_batch.get(size, 0) + 1
         self.stats.infer_ms.add(infer_ms)
         self.stats.last_progress = time.monotonic()
         # Decoding overlaps the next batch's inference; the bounded queue holds the engine back
         # (and so makes cameras drop frames) if decoding ever falls behind.
-        self._decode_q.put(_Batch(outputs, [(cam.name, meta) for cam, _, meta in taken], infer_ms, model))
+        self._decode_q.put(_Batch(outputs, got.rows, infer_ms, model))
+
+    def _size_for(self, model: ActiveModel, frames: int) -> int:
+        """The smallest fixed batch of `model` that holds `frames` (the largest is the spec's batch)."""
+        if model is not self._sized[0]:
+            self._sized = (model, fixed_batches(model.backend, self.spec.batch))
+        return next((b for b in self._sized[1] if b >= frames), self.spec.batch)
 
     def _decode_loop(self) -> None:
         while (batch := self._decode_q.get()) is not None:
@@ -361,11 +426,13 @@ class InferenceLoop:
 
 
 def warm_up(backend: Backend, spec: InputSpec, batches: int) -> float:
-    """Run `batches` batches of zeros through `backend`; return the last one's time in ms."""
+    """Run `batches` batches of zeros through `backend` at each fixed batch it carries (smallest first); return
+    the last one's time in ms (the largest batch's)."""
     zeros = np.zeros(spec.shape, dtype=spec.dtype)
     ms = 0.0
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        backend.infer({spec.name: zeros})
-        ms = (time.perf_counter() - t0) * 1000.0
+    for size in fixed_batches(backend, spec.batch):
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            backend.infer({spec.name: zeros[:size]})
+            ms = (time.perf_counter() - t0) * 1000.0
     return ms

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from edged.models.store import Store
 from edged.models.storefiles import crash_at_env_step
 
 from .backends import Backend, open_backend, tensorrt_unavailable_reason
+from .backends.base import BatchSet
 from .config import Config
 from .decoders import Decoder, build_decoder
 from .governor import admit
@@ -77,9 +79,34 @@ def resolve_package(cfg: Config) -> Package:
 
 def open_package_backend(cfg: Config, pkg: Package) -> Backend:
     """The package's backend, as the config asks: with model.build_on_device, an ONNX package runs on a
-    TensorRT engine built here on first use (cached under <state_dir>/engines); else `open_backend`."""
+    TensorRT engine built here on first use (cached under <state_dir>/engines); else `open_backend`. A package
+    with several fixed batches (extra_batches) opens one backend per batch, as one `BatchSet`."""
     m = pkg.manifest
+    if m.extra_batches and not (cfg.model.build_on_device and m.kind == "onnx"):
+        if m.kind == "engine":
+            raise EngineLoadError(
+                f"{pkg.ref}: carries TensorRT engines at batches {list(m.batch_files)}; the tensorrt backend opens "
+                "one engine per package today: ship the largest batch alone (or the ONNX package with "
+                "model.build_on_device)"
+            )
+        opened: dict[int, Backend] = {}
+        try:
+            for b, path in pkg.batch_paths.items():
+                opened[b] = _open_file(cfg, pkg, path)
+        except Exception:
+            for backend in opened.values():
+                backend.close()
+            raise
+        return BatchSet(opened)
     if cfg.model.build_on_device and m.kind == "onnx":
+        if m.extra_batches:
+            logger.warning(
+                "%s: model.build_on_device builds the largest batch (%d) only; its smaller batches %s are not "
+                "used on TensorRT yet (every run is at the largest batch, padded)",
+                pkg.ref,
+                m.input.batch,
+                [e.batch for e in m.extra_batches],
+            )
         reason = tensorrt_unavailable_reason()
         if reason:
             raise BackendError(f"model.build_on_device is set, but {reason}")
@@ -96,9 +123,14 @@ def open_package_backend(cfg: Config, pkg: Package) -> Backend:
             pkg.model_path, m.input.name, tuple(m.input.shape), precision, cfg.state_dir / "engines", progress
         )
         return TensorRTBackend(engine, compatibility, has_onnx=True)
+    return _open_file(cfg, pkg, pkg.model_path)
+
+
+def _open_file(cfg: Config, pkg: Package, path: Path) -> Backend:
+    m = pkg.manifest
     return open_backend(
         m.kind,
-        pkg.model_path,
+        path,
         cfg.model.backend,
         threads=cfg.model.onnxruntime.threads,
         providers=tuple(cfg.model.onnxruntime.providers),
@@ -169,8 +201,8 @@ class ModelLoader:
         m = package.manifest
         in_use_mb = rss_mb()
         row_mb = int(np.prod(m.input.shape[1:])) * np.dtype(m.input.dtype).itemsize / 2**20
-        buffers_mb = row_mb * (3 * len(cfg.cameras) + m.input.batch)
-        model_mb = estimate_mb(package)  # weights, I/O and activations: refused before anything is loaded
+        buffers_mb = row_mb * (3 * len(cfg.cameras) + 2 * m.input.batch)  # camera slots, the loop's two batches
+        model_mb = estimate_mb(package)  # every batch's weights, I/O and activations: refused before any loads
         admit(package.ref, model_mb, buffers_mb, in_use_mb, cfg.memory.budget_mb)
         backend = backend or open_package_backend(cfg, package)
         try:

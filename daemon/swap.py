@@ -36,14 +36,15 @@ import numpy as np
 
 from edged.errors import Code, EdgedError, EngineLoadError, PackageError, SwapError
 from edged.models.footprint import activation_bytes
-from edged.models.package import Package
+from edged.models.package import GoldenSpec, Package
 from edged.models.store import Store
 from edged.models.storefiles import crash_at_env_step
-from edged.models.validate import Tensor, check_input
+from edged.models.validate import Tensor, batch_spec, check_input
 from edged.protocol.ota import ModelRef
 from edged.protocol.schemas import MODEL_STATE_SCHEMA
 
 from .backends import Backend
+from .backends.base import BatchSet, fixed_batches
 from .config import Config
 from .decoders import build_decoder
 from .governor import plan_swap
@@ -59,9 +60,17 @@ LATENCY_MIN_BATCHES = 20  # batches on the new model before its median batch tim
 
 
 def check_io(pkg: Package, backend: Backend) -> None:
-    """The loaded model's input against the manifest (name, fixed shape, dtype; models/validate.py)."""
+    """The loaded model's input against the manifest (name, fixed shape, dtype; models/validate.py), at each of
+    the package's fixed batches."""
+    spec = pkg.manifest.input
+    paths = pkg.batch_paths
     try:
-        check_input(pkg.manifest.input, [Tensor(t.name, t.shape, t.dtype) for t in backend.inputs], str(pkg.model_path))
+        # the batches the backend runs (a TensorRT engine built on the device for a several-batch package: the
+        # largest only)
+        for b in fixed_batches(backend, spec.batch):
+            member = backend.member(b) if isinstance(backend, BatchSet) else backend
+            inputs = [Tensor(t.name, t.shape, t.dtype) for t in member.inputs]
+            check_input(batch_spec(spec, b), inputs, str(paths.get(b, pkg.model_path)))
     except PackageError as exc:
         raise EngineLoadError(str(exc)) from exc
 
@@ -83,13 +92,22 @@ def golden_check(pkg: Package, backend: Backend) -> str | None:
             f"{pkg.ref}: golden input is {x.dtype}{list(x.shape)}, the model takes {spec.dtype}{spec.shape}",
             code=Code.GOLDEN_INVALID,
         )
-    got = backend.infer({spec.name: x})
+    batches = fixed_batches(backend, spec.batch)
+    for b in batches:  # each fixed batch the backend runs, on the golden input's first rows
+        _golden_outputs(pkg, g, backend.infer({spec.name: x[:b]}), expected, b)
+    return f"golden check passed ({len(expected.files)} outputs" + (
+        f", at batches {list(batches)})" if len(batches) > 1 else ")"
+    )
+
+
+def _golden_outputs(pkg: Package, g: GoldenSpec, got: dict[str, np.ndarray], expected: Any, rows: int) -> None:
+    at = f" at batch {rows}" if rows != pkg.manifest.input.batch else ""
     for name in expected.files:
-        ref = expected[name]
+        ref = expected[name][:rows]
         out = got.get(name)
         if out is None or out.shape != ref.shape:
             raise SwapError(
-                f"{pkg.ref}: golden output {name!r} is {None if out is None else list(out.shape)}, expected "
+                f"{pkg.ref}: golden output {name!r}{at} is {None if out is None else list(out.shape)}, expected "
                 f"{list(ref.shape)}",
                 code=Code.GOLDEN_MISMATCH,
             )
@@ -97,11 +115,10 @@ def golden_check(pkg: Package, backend: Backend) -> str | None:
         off = diff > g.atol + g.rtol * np.abs(ref.astype(np.float64))
         if off.any():
             raise SwapError(
-                f"{pkg.ref}: golden check failed: output {name!r} has {int(off.sum())} of {off.size} values off "
+                f"{pkg.ref}: golden check failed{at}: output {name!r} has {int(off.sum())} of {off.size} values off "
                 f"by up to {float(diff.max()):.4g} (atol {g.atol:g}, rtol {g.rtol:g})",
                 code=Code.GOLDEN_MISMATCH,
             )
-    return f"golden check passed ({len(expected.files)} outputs)"
 
 
 # ONNX Runtime's arena on top of the planned peak of intermediate tensors: measured 1.2x to 1.8x on the demo
@@ -117,17 +134,21 @@ def activation_mb(pkg: Package) -> float:
     if m.kind == "engine":
         recorded = m.compatibility.get("device_memory_bytes")
         return recorded / 2**20 if isinstance(recorded, int) and recorded > 0 else 0.0
-    return activation_bytes(pkg.model_path) * ACTIVATION_FACTOR / 2**20
+    return sum(activation_bytes(p) for p in pkg.batch_paths.values()) * ACTIVATION_FACTOR / 2**20
 
 
 def estimate_mb(pkg: Package) -> float:
-    """A model's memory before it is loaded (what admit() and plan_swap() count): its file, one batch of input
-    and its working memory (activation_mb), which grows with the batch. An engine whose manifest records its
-    `device_memory_bytes` counts that instead of its file: the record already holds the weights (the plan)."""
+    """A model's memory before it is loaded (what admit() and plan_swap() count): its files, one batch of input
+    and its working memory (activation_mb), which grows with the batch; every fixed batch it carries counts
+    (each is a session of its own). An engine whose manifest records its `device_memory_bytes` counts that
+    instead of its file: the record already holds the weights (the plan)."""
     spec = pkg.manifest.input
-    io = int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
-    weights = 0 if pkg.manifest.kind == "engine" and activation_mb(pkg) > 0 else pkg.model_path.stat().st_size
-    return (weights + io) / 2**20 + activation_mb(pkg)
+    row = int(np.prod(spec.shape[1:])) * np.dtype(spec.dtype).itemsize
+    recorded = pkg.manifest.kind == "engine" and activation_mb(pkg) > 0
+    total = 0
+    for b, path in pkg.batch_paths.items():
+        total += (0 if recorded else path.stat().st_size) + b * row
+    return total / 2**20 + activation_mb(pkg)
 
 
 @dataclass

@@ -151,6 +151,7 @@ class Telemetry:
                 "batches": st.batches,
                 "rows": st.rows,
                 "padded_rows": st.padded_rows,
+                "batch_runs": {str(b): n for b, n in sorted(st.by_batch.items())},  # batches run per fixed batch
                 "errors": st.errors,
                 "infer_ms": st.infer_ms.percentiles(),
                 "capture_to_result_ms": st.capture_to_result_ms.percentiles(),

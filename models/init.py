@@ -8,7 +8,8 @@ Steps, each reported with its reason (`InitResult.decisions`) and with what the 
    their labels as ``character``);
 2. fix the input: dynamic batch/height/width from ``--batch``/``--input-size``, else the metadata,
    else batch 1 (onnxruntime's ``make_input_shape_fixed``); a batch baked into the graph
-   (BlazeFace) is changed by ``rebatch``;
+   (BlazeFace) is changed by ``rebatch``; ``--batch 1,4`` also fixes the export at each smaller batch
+   (``model.b1.onnx``, listed in the manifest's ``extra_batches``), checked to give the same outputs;
 3. run the fixed model once in ONNX Runtime: every output shape is then concrete, and the model is
    known to load;
 4. pick the decoder from those shapes (detect.py) or take ``--decoder``; the preprocessing defaults
@@ -42,11 +43,12 @@ class InitOptions:
     name: str | None = None
     version: int = 1
     decoder: str | None = None
-    batch: int | None = None
+    batch: int | None = None  # the largest fixed batch (input.shape[0], model.onnx)
     input_size: tuple[int, int] | None = None  # width, height
     labels: Path | None = None
     color: str | None = None  # RGB | BGR
     letterbox: str | None = None  # center | topleft
+    extra_batches: tuple[int, ...] = ()  # smaller fixed batches, each its own model.b<N>.onnx (`--batch 1,4`)
 
 
 @dataclass
@@ -66,6 +68,17 @@ def parse_size(text: str) -> tuple[int, int]:
         )
     w = int(m.group(1))
     return w, int(m.group(2)) if m.group(2) else w
+
+
+def parse_batches(text: str) -> tuple[int, ...]:
+    """``4`` or ``1,2,4`` -> the distinct batches, smallest first; each >= 1."""
+    try:
+        batches = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        batches = []
+    if not batches or batches[0] < 1:
+        raise PackageError(f"--batch {text!r}: want B or a list such as 1,2,4 (each >= 1)", code=Code.INIT_FAILED)
+    return tuple(batches)
 
 
 def read_metadata(props: dict[str, str]) -> dict[str, Any]:
@@ -117,11 +130,14 @@ def init_package(opts: InitOptions) -> InitResult:
     hi, wi = (1, 2) if layout == "NHWC" else (2, 3)
     decisions.append(f"input {inp.name!r} {_show(inp)}: {layout} (channels at axis {3 if layout == 'NHWC' else 1})")
     batch, (width, height) = _fixed_size(opts, dims, hi, wi, meta, decisions)
+    original = onnx.ModelProto()
+    original.CopyFrom(model)  # _fix_input fixes a dynamic graph in place; each batch starts from the export
     model = _fix_input(model, inp.name, dims, layout, batch, width, height, decisions)
     dtype = helper_dtype(inp.type.tensor_type.elem_type)
     if dtype not in ("float32", "float16", "uint8"):
         raise PackageError(f"{opts.model}: input {inp.name!r} is {dtype}; edged feeds float32, float16 or uint8")
     shapes = _run_once(model, inp.name, np.zeros(_shape(layout, batch, height, width), dtype))
+    extra = _extra_batches(opts, original, inp.name, dims, layout, batch, (width, height), dtype, shapes, decisions)
     decisions.append("output shapes with the fixed input: " + ", ".join(f"{n} {list(s)}" for n, s in shapes.items()))
     found = detect(shapes, height, width, ultralytics, opts.decoder)
     decisions.append(f"decoder {found.decoder}: {found.why}")
@@ -150,6 +166,9 @@ def init_package(opts: InitOptions) -> InitResult:
     try:
         onnx.save(model, str(staging / "model.onnx"))
         files = {"model.onnx": staging / "model.onnx"}
+        for b, small in extra.items():
+            onnx.save(small, str(staging / f"model.b{b}.onnx"))
+            files[f"model.b{b}.onnx"] = staging / f"model.b{b}.onnx"
         if labels:
             (staging / "labels.txt").write_text("\n".join(labels) + "\n")
             files["labels.txt"] = staging / "labels.txt"
@@ -160,6 +179,7 @@ def init_package(opts: InitOptions) -> InitResult:
             "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "kind": "onnx",
             "model_file": "model.onnx",
+            "extra_batches": [{"batch": b, "file": f"model.b{b}.onnx"} for b in extra],
             "labels_file": "labels.txt" if labels else None,
             "input": {
                 "name": inp.name,
@@ -183,6 +203,47 @@ def init_package(opts: InitOptions) -> InitResult:
         shutil.rmtree(staging, ignore_errors=True)
     decisions.append(f"package {pkg.ref} -> {out}")
     return InitResult(pkg, found, decisions, checks)
+
+
+def _extra_batches(
+    opts: InitOptions,
+    original: Any,
+    name: str,
+    dims: list[int | None],
+    layout: str,
+    batch: int,
+    size: tuple[int, int],
+    dtype: str,
+    shapes: dict[str, tuple[int, ...]],
+    decisions: list[str],
+) -> dict[int, Any]:
+    """The model at each smaller batch of `--batch 1,..,B`, fixed from the export as the largest was; each must
+    give the largest's outputs with its own batch (ONNX Runtime runs it once to show it)."""
+    import numpy as np
+
+    out: dict[int, Any] = {}
+    for b in sorted(set(opts.extra_batches)):
+        if b >= batch or b < 1:
+            raise PackageError(f"--batch: {b} must be between 1 and the largest batch {batch}", code=Code.INIT_FAILED)
+        quiet: list[str] = []
+        copy = type(original)()
+        copy.CopyFrom(original)
+        small = _fix_input(copy, name, dims, layout, b, size[0], size[1], quiet)
+        got = _run_once(small, name, np.zeros(_shape(layout, b, size[1], size[0]), dtype))
+        want = {n: (b, *s[1:]) for n, s in shapes.items()}
+        if got != want:
+            raise PackageError(
+                f"at batch {b} the outputs are {got}, at batch {batch} {shapes}: the batch is not the outputs' "
+                "first dimension, so edged cannot carry this model at several batches",
+                code=Code.INIT_FAILED,
+            )
+        out[b] = small
+    if out:
+        decisions.append(
+            f"also batch {', '.join(map(str, out))} (model.b<N>.onnx): the daemon runs the smallest batch that "
+            "covers the frames ready, so fewer cameras than the largest batch do not pay for padding rows"
+        )
+    return out
 
 
 def helper_dtype(elem_type: int) -> str:

@@ -118,6 +118,13 @@ class FileEntry(_Strict):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
+class BatchFile(_Strict):
+    """One more fixed batch the package carries: the same model at batch `batch`, in its own `file`."""
+
+    batch: int = Field(ge=1)
+    file: str
+
+
 class Manifest(_Strict):
     schema_: Literal["edged.model/1"] = Field("edged.model/1", alias="schema")
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -126,6 +133,9 @@ class Manifest(_Strict):
     expires: str | None = None
     kind: Literal["onnx", "engine"]
     model_file: str
+    # the smaller fixed batches the package also carries (the largest is input.shape[0], in model_file): the
+    # daemon runs the smallest that covers the frames ready, so one camera does not pay for padding rows
+    extra_batches: list[BatchFile] = []
     labels_file: str | None = "labels.txt"
     input: InputSpec
     decoder: DecoderSpec
@@ -144,13 +154,29 @@ class Manifest(_Strict):
             if "/" in f or f.startswith(".") or f == MANIFEST:
                 raise ValueError(f"file name {f!r} must be a plain name inside the package")
         golden = (self.golden.input, self.golden.output) if self.golden else ()
-        for needed in (self.model_file, self.labels_file, *golden):
+        seen = {self.input.batch: self.model_file}
+        for extra in self.extra_batches:
+            if extra.batch >= self.input.batch or extra.batch in seen or extra.file in seen.values():
+                raise ValueError(
+                    f"extra_batches: batch {extra.batch} ({extra.file!r}) must be smaller than input.shape[0] "
+                    f"({self.input.batch}), each batch and file once"
+                )
+            seen[extra.batch] = extra.file
+        for needed in (self.model_file, self.labels_file, *golden, *(e.file for e in self.extra_batches)):
             if needed is not None and needed not in self.files:
                 raise ValueError(f"{needed!r} is not listed in files")
         return self
 
+    @property
+    def batch_files(self) -> dict[int, str]:
+        """Every fixed batch the package carries -> its model file, smallest first."""
+        files = {e.batch: e.file for e in self.extra_batches} | {self.input.batch: self.model_file}
+        return dict(sorted(files.items()))
+
     def to_json(self) -> bytes:
         doc = self.model_dump(by_alias=True, exclude_none=True)
+        if not self.extra_batches:
+            del doc["extra_batches"]  # a single-batch manifest reads as it always did
         if self.labels_file is None:
             doc["labels_file"] = None  # an explicit "no labels file", not the default
         return (json.dumps(doc, indent=2) + "\n").encode()
@@ -167,6 +193,11 @@ class Package:
     @property
     def model_path(self) -> Path:
         return self.root / self.manifest.model_file
+
+    @property
+    def batch_paths(self) -> dict[int, Path]:
+        """Every fixed batch the package carries -> its model file's path, smallest first."""
+        return {b: self.root / f for b, f in self.manifest.batch_files.items()}
 
     @property
     def labels(self) -> list[str]:

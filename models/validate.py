@@ -8,7 +8,9 @@ exact mismatch before any device runs it, not when the daemon starts:
   and equal to the manifest's shape (batch, layout and size), the element type is the manifest's dtype;
 - the outputs: handed to the decoder's own check (the caller passes it: decoders live in the daemon),
   which compares their count and shapes with what the decoder reads, and the class count with the
-  labels (the manifest's list, else its labels file: package.py reads it).
+  labels (the manifest's list, else its labels file: package.py reads it);
+- each of the package's smaller batches (``extra_batches``): the same input at its batch, the same
+  outputs with as many rows.
 
 ONNX is imported here lazily: the device's runtime never loads it (an engine package is checked
 against its TensorRT bindings by the daemon instead).
@@ -135,7 +137,28 @@ def check_package(pkg: Package, outputs_check: OutputsCheck | None = None) -> Si
     check_input(m.input, sig.inputs, str(pkg.model_path))
     if outputs_check is not None:
         outputs_check(pkg, sig.output_shapes())
+    for b, path in pkg.batch_paths.items():
+        if b != m.input.batch:
+            check_smaller_batch(m.input, b, sig, onnx_signature(path), str(path))
     return sig
+
+
+def batch_spec(spec: InputSpec, batch: int) -> InputSpec:
+    """The input spec of one of the package's fixed batches (the manifest's is the largest)."""
+    return spec.model_copy(update={"shape": [batch, *spec.shape[1:]]})
+
+
+def check_smaller_batch(spec: InputSpec, batch: int, largest: Signature, sig: Signature, where: str) -> None:
+    """One of a package's smaller batches (extra_batches): its input is the manifest's at `batch`, its outputs
+    the largest model's with `batch` rows, name for name."""
+    check_input(batch_spec(spec, batch), sig.inputs, where)
+    want = {name: (batch, *shape[1:]) for name, shape in largest.output_shapes().items()}
+    got = sig.output_shapes()
+    if got != want:
+        raise PackageError(
+            f"{where}: outputs {got} at batch {batch}, the largest batch's model gives {want} at that batch",
+            code=Code.SIGNATURE_MISMATCH,
+        )
 
 
 def _show(shape: Sequence[Dim]) -> str:

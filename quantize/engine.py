@@ -85,6 +85,11 @@ def build_engine_package(
         if carry_onnx:
             files["model.onnx"] = src.model
         fields = m.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
+        if fields.pop("extra_batches", None) and progress is not None:
+            progress(
+                f"built batch {m.input.batch} only: the tensorrt backend opens one engine per package, so the "
+                f"smaller batches {[e.batch for e in m.extra_batches]} are not carried"
+            )
         fields.update(
             created=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             kind="engine",

@@ -103,8 +103,11 @@ def quantize(
     version: int | None = None,
     force: bool = False,
     threads: int = 0,
+    batches: tuple[int, ...] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Outcome:
+    """`batches`: the fixed batches the new package carries (default: the source's); the largest is the
+    source's batch, the smaller ones are the quantized model rebatched (the same scales at every batch)."""
     say = progress or (lambda m: logger.info("%s", m))
     ensure_empty(out)
     with tempfile.TemporaryDirectory(prefix="edged-quantize-") as tmp_dir:
@@ -113,6 +116,12 @@ def quantize(
         m = src.manifest
         if m.precision != "fp32":
             raise QuantizeError(f"{model}: already {m.precision}; quantize starts from the float model")
+        wanted = tuple(sorted(set(batches))) if batches else tuple(m.batch_files)
+        if wanted[-1] != m.input.batch or wanted[0] < 1:
+            raise QuantizeError(
+                f"--batch {','.join(map(str, wanted))}: the largest must be the model's own batch {m.input.batch} "
+                "(`edged model init --batch` makes a float package at other batches)"
+            )
         eval_set = read_frames(evaluate, eval_frames, say)
         qpath = tmp / "model.onnx"
         float_nodes: list[str] = []
@@ -161,7 +170,50 @@ def quantize(
             },
         )
         files = {"model.onnx": qpath, "labels.txt": tmp / "labels.txt", REPORT_FILE: tmp / REPORT_FILE}
+        smaller = smaller_batches(qpath, m, wanted[:-1], simulate, say)
+        fields["extra_batches"] = [{"batch": b, "file": path.name} for b, path in smaller.items()]
+        files |= {path.name: path for path in smaller.values()}
         return Outcome(report, publish_package(out, fields, files), float_nodes)
+
+
+def smaller_batches(
+    model: Path, m: Manifest, batches: tuple[int, ...], simulate: bool, say: Callable[[str], None]
+) -> dict[int, Path]:
+    """`model` (at the manifest's batch) rebatched to each of `batches`, beside it as model.b<N>.onnx; each
+    row of a random batch must come out as the largest batch's same row does (within float noise)."""
+    import numpy as np
+    import onnx
+
+    from edged.daemon.backends import OnnxRuntimeBackend
+    from edged.models.rebatch import rebatch
+
+    spec = m.input
+    rng = np.random.default_rng(0)
+    if spec.dtype == "uint8":
+        x = rng.integers(0, 256, spec.shape, dtype=np.uint8)
+    else:
+        x = rng.uniform(-1.0, 1.0, spec.shape).astype(spec.dtype)
+    out: dict[int, Path] = {}
+    if not batches:
+        return out
+    with OnnxRuntimeBackend(model, threads=1, optimize=not simulate) as largest:
+        ref = largest.infer({spec.name: x})
+    for b in batches:
+        path = model.with_name(f"model.b{b}.onnx")
+        try:
+            onnx.save(rebatch(onnx.load(str(model)), b), str(path))
+        except PackageError as exc:
+            raise QuantizeError(f"{model.name} at batch {b}: {exc}", code=exc.code) from exc
+        with OnnxRuntimeBackend(path, threads=1, optimize=not simulate) as small:
+            got = small.infer({spec.name: x[:b]})
+        for name, want in ref.items():
+            if got[name].shape != (b, *want.shape[1:]) or not np.allclose(got[name], want[:b], rtol=1e-3, atol=1e-4):
+                raise QuantizeError(
+                    f"{model.name} at batch {b}: output {name!r} differs from the batch-{spec.batch} rows"
+                )
+        say(f"batch {b}: {path.name} (the quantized model rebatched; its rows match batch {spec.batch}'s)")
+        out[b] = path
+    return out
 
 
 def _judge(
