@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from edged.errors import Code, EdgedError, EngineLoadError, PackageError, SwapError
-from edged.models.footprint import activation_bytes
+from edged.models.footprint import working_bytes
 from edged.models.package import GoldenSpec, Package
 from edged.models.store import Store
 from edged.models.storefiles import crash_at_env_step
@@ -121,20 +121,15 @@ def _golden_outputs(pkg: Package, g: GoldenSpec, got: dict[str, np.ndarray], exp
             )
 
 
-# ONNX Runtime's arena on top of the planned peak of intermediate tensors: measured 1.2x to 1.8x on the demo
-# models (BlazeFace back / front, batch 8 to 64), so admission counts twice the plan.
-ACTIVATION_FACTOR = 2.0
-
-
 def activation_mb(pkg: Package) -> float:
     """A model's working memory while a batch runs, before it is loaded: a TensorRT engine's device memory as
     its manifest records it (`compatibility.device_memory_bytes`, written by `edged build-engine`), an ONNX
-    graph's peak of intermediate tensors (edged.models.footprint) times ACTIVATION_FACTOR."""
+    graph's peak of intermediate tensors times ONNX Runtime's arena factor (edged.models.footprint)."""
     m = pkg.manifest
     if m.kind == "engine":
         recorded = m.compatibility.get("device_memory_bytes")
         return recorded / 2**20 if isinstance(recorded, int) and recorded > 0 else 0.0
-    return sum(activation_bytes(p) for p in pkg.batch_paths.values()) * ACTIVATION_FACTOR / 2**20
+    return sum(working_bytes(p) for p in pkg.batch_paths.values()) / 2**20
 
 
 def estimate_mb(pkg: Package) -> float:

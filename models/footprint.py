@@ -22,6 +22,21 @@ if TYPE_CHECKING:
     import onnx
 
 
+# ONNX Runtime's CPU arena over the graph's planned peak of intermediate tensors: what admission counts before
+# a model loads (daemon/swap.py) and what the loaded model reports (daemon/backends/onnxruntime.py), one figure.
+# Measured (x86-64, onnxruntime 1.32, one thread, RSS after 20 batches of a second session in a warm process):
+# BlazeFace back batch 4 +43.5 MB for an 18.0 MB plan, front batch 4 +18.9 MB for 5.2 MB; earlier, 1.2x to
+# 1.8x on both (batch 8 to 64). Disabling the arena (enable_cpu_mem_arena=False) costs more, not less (a fresh
+# process, load + 20 batches: back +84.6 MB against +51.2 with it, front +42.8 against +26.7: malloc keeps
+# what ORT frees), so the arena stays on and is counted.
+ARENA_FACTOR = 2.0
+
+
+def working_bytes(model: Path) -> int:
+    """What a graph's batch takes while it runs under ONNX Runtime: its planned peak times ARENA_FACTOR."""
+    return int(activation_bytes(model) * ARENA_FACTOR)
+
+
 def activation_bytes(model: Path) -> int:
     """Peak bytes of intermediate tensors alive at once when `model`'s graph runs node by node.
 

@@ -13,7 +13,7 @@ from types import TracebackType
 import numpy as np
 
 from edged.errors import BackendError, EngineLoadError, InferenceError
-from edged.models.footprint import activation_bytes
+from edged.models.footprint import working_bytes
 
 from .base import TensorInfo
 
@@ -27,13 +27,6 @@ _ORT_TYPES = {
     "tensor(int32)": "int32",
     "tensor(int64)": "int64",
 }
-# ONNX Runtime's CPU arena over the graph's planned peak of intermediate tensors (edged.models.footprint), as
-# swap.ACTIVATION_FACTOR counts it at admission. Measured (x86-64, onnxruntime 1.32, one thread, RSS after 20
-# batches of a second session in a warm process): BlazeFace back batch 4 +43.5 MB for an 18.0 MB plan, front
-# batch 4 +18.9 MB for 5.2 MB. Disabling the arena (enable_cpu_mem_arena=False) costs more, not less (a fresh
-# process, load + 20 batches: back +84.6 MB against +51.2 with it, front +42.8 against +26.7: malloc keeps
-# what ORT frees), so the arena stays on and is counted.
-ARENA_FACTOR = 2.0
 _ORT_PROVIDERS = {
     "cpu": "CPUExecutionProvider",
     "cuda": "CUDAExecutionProvider",
@@ -75,7 +68,7 @@ class OnnxRuntimeBackend:
             raise EngineLoadError(f"{model}: ONNX Runtime cannot load it: {exc}") from exc
         self._model_bytes = model.stat().st_size
         try:
-            self._arena_bytes = int(activation_bytes(model) * ARENA_FACTOR)
+            self._arena_bytes = working_bytes(model)
         except EngineLoadError as exc:  # a graph the planner cannot read (ONNX Runtime could): count what is known
             logger.warning("%s: its arena is not counted in its memory figure: %s", model, exc)
             self._arena_bytes = 0
@@ -101,7 +94,7 @@ class OnnxRuntimeBackend:
     @property
     def memory_bytes(self) -> int:
         """Weights, one batch of inputs and outputs, and ONNX Runtime's arena (the planned peak of intermediate
-        tensors times ARENA_FACTOR: what admission counted for this model)."""
+        tensors times footprint.ARENA_FACTOR: what admission counted for this model)."""
         io = sum(
             int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
             for t in self._inputs + self._outputs
