@@ -126,6 +126,14 @@ class Spool(SpoolFile):
         storage fails: what was appended stays in memory for the next try."""
         self._ensure_open()
         self._check_file()
+        if self._upgrade_pending:  # an older edged's file (see SpoolFile._upgrade)
+            if self._acked:
+                self._save(inserts=False)  # deliveries first: they need no new schema, and free space
+            try:
+                self._write("upgrade an older edged's spool file", self._upgrade)
+            except SpoolError:
+                self._failing = True  # new messages wait in memory; deliveries are deleted at once
+                raise
         if self._pending and self._acked:
             try:
                 self._save(inserts=True)
@@ -213,7 +221,7 @@ class Spool(SpoolFile):
                 ):
                     freed += size
                     rows += 1
-            clock = rows > 0 and not inserts and self._deleted_newest(acked[-1])
+            clock = rows > 0 and not inserts and not self._upgrade_pending and self._deleted_newest(acked[-1])
             if clock:  # the newest row carried the clock across a crash (it is saved once a minute): now the
                 # meta row does, in this transaction, or the clock would go back to an older row's or save's
                 self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('clock_s', ?)", (now,))
