@@ -17,7 +17,8 @@ consumers drop by boot_id + seq), never fewer.
 Flash wear: a commit writes the pages it changes to the WAL (4 kB each) and syncs it. The spool
 keeps that to about one page per batch: the deletes ride in the commit, row ids come from the spool
 rather than AUTOINCREMENT (whose sqlite_sequence page would be rewritten with every commit), and the
-clock is saved once a minute rather than with every commit (the newest row carries it across a crash).
+clock is saved once a minute rather than with every commit (the newest row carries it across a crash;
+a commit that deletes the newest rows while older ones wait, a refused topic's, saves it with them).
 
 Age: `max_age_s` is judged on the spool's own clock, a monotonic clock carried across restarts in
 the file (`meta.clock_s`), never on the wall clock, which jumps on boards without an RTC when NTP
@@ -221,9 +222,9 @@ class Spool(SpoolFile):
                 ):
                     freed += size
                     rows += 1
-            clock = rows > 0 and not inserts and not self._upgrade_pending and self._deleted_newest(acked[-1])
+            clock = rows > 0 and not inserts and not self._upgrade_pending and self._older_rows_left(acked[-1])
             if clock:  # the newest row carried the clock across a crash (it is saved once a minute): now the
-                # meta row does, in this transaction, or the clock would go back to an older row's or save's
+                # meta row does, in this transaction, or the older rows left would be judged younger
                 self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('clock_s', ?)", (now,))
             if inserts:
                 self.db.executemany(
@@ -255,10 +256,12 @@ class Spool(SpoolFile):
             self._pending.clear()
             self._pending_bytes = 0
 
-    def _deleted_newest(self, last_deleted: int) -> bool:
-        """Whether the file's newest row is older than a deleted one: one step down the id index."""
+    def _older_rows_left(self, last_deleted: int) -> bool:
+        """Whether rows are left and all are older than a deleted one (one step down the id index). Left
+        empty, the file needs no clock: ages only matter for the rows in it (and no page more is written
+        for each delivery of a sparse stream, which empties it every time)."""
         newest = self.db.execute("SELECT id FROM messages WHERE id > 0 ORDER BY id DESC LIMIT 1").fetchone()
-        return newest is None or newest[0] < last_deleted
+        return newest is not None and newest[0] < last_deleted
 
     def recover_corrupt(self, reason: str) -> None:
         """See SpoolFile.recover_corrupt: the rows acknowledged and not yet deleted are not lost."""

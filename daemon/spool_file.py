@@ -10,6 +10,9 @@ Faults, each raised as a `SpoolError` (the caller retries with backoff) or handl
   still in the open, unlinked file are copied into a new file at the path, ids kept.
 - A corrupt file (at open, or a read that finds it malformed): renamed aside to
   `spool.db.corrupt-<UTC time>` (with its -wal and -shm) and a new one started; its rows are lost, counted.
+- A full disk at open: an existing file is only read there (an older edged's file is upgraded by the
+  first commit that can write, after that commit's deliveries), and the reserve is given up when even
+  reading needs room (SQLite's -shm index), so what the file holds is still delivered.
 """
 
 from __future__ import annotations
