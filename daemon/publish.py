@@ -134,9 +134,8 @@ class Publisher(Session):
     ) -> None:
         # matched to a spool row by the publisher thread; a failure reason code is a refusal, not a delivery
         self._acked_mids.append((mid, rc if rc.is_failure else None))
-        if (
-            rc.is_failure or len(self._acked_mids) >= self._ack_batch
-        ):  # wake the publisher for a batch, not for each PUBACK
+        # wake the publisher for a batch, not for each PUBACK (and take no lock when it is awake already)
+        if (rc.is_failure or len(self._acked_mids) >= self._ack_batch) and not self._wake.is_set():
             self._wake.set()
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -149,7 +148,8 @@ class Publisher(Session):
         self.results += 1
         try:
             self._q.put_nowait(("result", result))
-            self._wake.set()
+            if not self._wake.is_set():
+                self._wake.set()
         except queue.Full:
             self.dropped_queue_full += 1
 
@@ -157,7 +157,8 @@ class Publisher(Session):
         """Events are spooled like results (QoS 1, nothing lost)."""
         try:
             self._q.put_nowait(("event", doc))
-            self._wake.set()
+            if not self._wake.is_set():
+                self._wake.set()
         except queue.Full:
             self.dropped_queue_full += 1
 
