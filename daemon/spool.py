@@ -214,7 +214,7 @@ class Spool(SpoolFile):
 
         def write() -> tuple[int, int, bool]:
             self.db.execute(f"PRAGMA synchronous={'FULL' if inserts else 'NORMAL'}")
-            self.db.execute("BEGIN")
+            self.db.execute("BEGIN IMMEDIATE")  # the write lock first: a read first could not wait for it
             freed = rows = 0
             for first, last in _runs(acked):  # per range, not per row: SQLite sums what a range frees
                 size, n = self.db.execute(
