@@ -5,7 +5,12 @@ In one run, against a local mosquitto on 127.0.0.1, with result-sized payloads (
 
   direct   a paho client publishing at QoS 1 (same in-flight window), counted until every PUBACK
   spool    the daemon's Publisher: queue -> SQLite spool (group commit) -> paho -> PUBACK -> delete
-  ratio    spool / direct (target >= 0.8, and far above any camera rate: >= 2000 results/s here)
+  cpu      CPU time of this process per result on each path (all threads; the broker is another
+           process): direct / spool is the ratio a CPU-bound machine would see, and it does not swing
+           with the other jobs' load as the throughputs do
+  ratio    spool / direct (target >= 0.8, and far above any camera rate: >= 2000 results/s here); the
+           producer waits while the publisher's queue is full, and a run in which any result is
+           dropped (from the queue, or from the spool's memory before its commit) is refused
   drain    a backlog of --backlog results left in the spool (the broker away), delivered when it is back
   backlog  the spool's own cost with 0 / 100k / 1M rows waiting (--sizes): a commit of 2 results (insert,
            fsync, the byte and age bounds), and a send of 100 (read the next rows after the cursor, delete
@@ -25,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import socket
 import sqlite3
@@ -81,7 +87,14 @@ def broker(work: Path, port: int) -> subprocess.Popen[bytes]:
     raise SystemExit("mosquitto did not start")
 
 
-def direct(port: int, n: int, window: int) -> float:
+def _cpu_s() -> float:
+    """CPU seconds of this process, all its threads (the broker is another process)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def direct(port: int, n: int, window: int) -> tuple[float, float]:
+    """Results/s and CPU µs per result."""
     acked = threading.Semaphore(0)
     c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"direct-{time.time_ns()}", protocol=mqtt.MQTTv5)
     c.max_inflight_messages_set(window)
@@ -90,16 +103,16 @@ def direct(port: int, n: int, window: int) -> float:
     c.connect("127.0.0.1", port)
     c.loop_start()
     time.sleep(0.2)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_s()
     for i in range(n):
         payload = json.dumps({**DOC, "seq": i + 1}, separators=(",", ":")).encode()
         c.publish("edged/bench-01/results/dock", payload, qos=1)
     for _ in range(n):
         acked.acquire()
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, _cpu_s() - c0
     c.disconnect()
     c.loop_stop()
-    return n / dt
+    return n / dt, cpu / n * 1e6
 
 
 def make_publisher(port: int, work: Path, name: str) -> Publisher:
@@ -114,25 +127,30 @@ def make_publisher(port: int, work: Path, name: str) -> Publisher:
     )
 
 
-def spooled(port: int, work: Path, n: int) -> float:
+def spooled(port: int, work: Path, n: int) -> tuple[float, float]:
+    """Results/s and CPU µs per result."""
     pub = make_publisher(port, work, f"spool-{time.time_ns()}")
     pub.start()
     while not pub.connected:
         time.sleep(0.01)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_s()
     for i in range(n):
         while pub._q.full():  # the daemon drops when its queue is full; the bench waits instead
             time.sleep(0.002)
         pub.submit_event({**DOC, "seq": i + 1})
-    # the publisher drops from memory what is over spool max_unsaved_bytes (it takes the whole queue
-    # before it commits): counted, and the wait ends on them too
-    while pub.acked + pub.spool.dropped_unsaved < n:
+    # every result must be acknowledged: one dropped from memory (over spool max_unsaved_bytes, as when the
+    # publisher took the whole queue before it committed) makes the run invalid, not faster
+    while pub.acked < n:
+        if pub.spool.dropped_unsaved or pub.dropped_queue_full:
+            pub.stop(timeout_s=1)
+            raise SystemExit(
+                f"spool run invalid: {pub.spool.dropped_unsaved} dropped from memory, "
+                f"{pub.dropped_queue_full} at the queue"
+            )
         time.sleep(0.002)
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, _cpu_s() - c0
     pub.stop(timeout_s=1)
-    if pub.spool.dropped_unsaved:
-        print(f"spool run: {pub.spool.dropped_unsaved} of {n} dropped from memory (over max_unsaved_bytes)")
-    return pub.acked / dt
+    return pub.acked / dt, cpu / n * 1e6
 
 
 def drain(port: int, work: Path, backlog: int) -> tuple[float, float]:
@@ -294,11 +312,19 @@ def main() -> int:
     }
     try:
         window = MqttConfig().max_inflight
-        d, s, dr = [], [], []
+        d, s, dr, dc, sc = [], [], [], [], []
         for _ in range(args.repeats):
-            d.append(direct(port, args.count, window))
-            s.append(spooled(port, work, args.count))
+            rate, cpu = direct(port, args.count, window)
+            d.append(rate)
+            dc.append(cpu)
+            rate, cpu = spooled(port, work, args.count)
+            s.append(rate)
+            sc.append(cpu)
             dr.append(drain(port, work, args.backlog)[0])
+        res["runs"] = {"direct_per_s": d, "spool_per_s": s, "drain_s": dr, "direct_cpu_us": dc, "spool_cpu_us": sc}
+        res["direct_cpu_us"] = statistics.median(dc)
+        res["spool_cpu_us"] = statistics.median(sc)
+        res["cpu_ratio"] = res["direct_cpu_us"] / res["spool_cpu_us"]
         res["direct_per_s"] = statistics.median(d)
         res["spool_per_s"] = statistics.median(s)
         res["ratio"] = res["spool_per_s"] / res["direct_per_s"]
@@ -316,6 +342,12 @@ def main() -> int:
     print(f"payload {res['payload_bytes']} bytes, in-flight window {window}, median of {args.repeats}")
     print(f"direct paho, QoS 1            {res['direct_per_s']:9.0f} results/s")
     print(f"through the spool, QoS 1      {res['spool_per_s']:9.0f} results/s   ratio {res['ratio']:.3f}")
+    pairs = zip(res["runs"]["spool_per_s"], res["runs"]["direct_per_s"], strict=True)
+    print("  each run (direct, spool, ratio): " + "; ".join(f"{b:.0f}, {a:.0f}, {a / b:.3f}" for a, b in pairs))
+    print(
+        f"CPU per result (this process)  direct {res['direct_cpu_us']:.1f} us, spool {res['spool_cpu_us']:.1f} us: "
+        f"direct / spool {res['cpu_ratio']:.3f} (the throughput the spool path would keep on a CPU-bound machine)"
+    )
     print(f"drain a {args.backlog}-result backlog  {res['drain_s']:9.1f} s  ({res['drain_per_s']:.0f} results/s)")
     if res["backlog_cost"]:
         base = res["backlog_cost"][0]

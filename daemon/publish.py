@@ -6,8 +6,10 @@
 - `submit()` never blocks: a full queue drops the result (counted).
 - The publisher thread numbers results (`seq`, +1 per spooled result within a `boot_id`), refuses a
   payload over `MAX_PAYLOAD_BYTES` locally (so one message can never become a reconnect loop),
-  appends to the spool, commits in groups, hands at most `max_inflight` rows to paho, and deletes a
-  row when its PUBACK arrives. Rows still spooled at a restart are sent again.
+  appends to the spool, commits in groups (a group is committed before more is taken), hands rows to
+  paho (`max_inflight` on the wire, half as many again queued in paho, which sends them on each PUBACK
+  without waiting for this thread), and deletes a row when its PUBACK arrives. Rows still spooled at a
+  restart are sent again.
 - The connection (our own supervised network thread, reconnects with full-jitter backoff, the persistent
   session, the retained status and its last will, the Maximum Packet Size) is the `Session` this
   class extends (daemon/session.py); what comes in is routed by its `Inbox` (daemon/inbox.py).
@@ -40,10 +42,11 @@ from paho.mqtt.reasoncodes import ReasonCode
 from edged.protocol import topics
 from edged.protocol.backoff import Backoff
 from edged.protocol.client import MAX_PAYLOAD_BYTES
-from edged.protocol.schemas import dumps, iso, result_doc
+from edged.protocol.schemas import dumps, iso
 
 from .config import MqttConfig, SpoolConfig
 from .inbox import Inbox, MessageHandler
+from .payload import result_payload
 from .session import Session
 from .spool import Spool, SpoolCorrupt, SpoolError
 
@@ -57,6 +60,7 @@ logger = logging.getLogger(__name__)
 EventHandler = Callable[[dict[str, Any]], None]
 MAX_BACKOFF_S = 60.0  # refused topics: full jitter up to this (edged.protocol.backoff)
 MAX_STORAGE_BACKOFF_S = 30.0
+TAKE_ROWS = 1000  # messages taken from the queue per turn, at most: then committed (one group), then sent
 
 
 @dataclass
@@ -67,23 +71,6 @@ class _Hold:
     backoff: Backoff = field(default_factory=lambda: Backoff(1.0, MAX_BACKOFF_S))
     until: float = 0.0
     retrying: bool = False  # the hold ended and the rows were sent again; a refusal now doubles the backoff
-
-
-def result_payload(r: Result, device: str, boot_id: str, seq: int) -> dict[str, Any]:
-    t = r.meta.transform
-    return result_doc(
-        device=device,
-        camera=r.camera,
-        boot_id=boot_id,
-        seq=seq,
-        frame=r.meta.frame,
-        captured_at=r.meta.captured_at,
-        capture_to_result_ms=r.capture_to_result_ms,
-        infer_ms=r.infer_ms,
-        model=(r.model_name, r.model_version),
-        image=(t.src_width, t.src_height),
-        detections=[d.to_json() for d in r.detections],
-    )
 
 
 class Publisher(Session):
@@ -132,6 +119,10 @@ class Publisher(Session):
         self._deliver_backoff = Backoff(1.0, MAX_STORAGE_BACKOFF_S)
         self._wake = threading.Event()  # set by submit() and by PUBACKs: the publisher thread has work
         self._ack_batch = max(1, cfg.max_inflight // 4)
+        # rows handed to paho, not yet acknowledged: its window and half as many queued (paho's queue holds
+        # twice the window: the last quarter stays free for the session's status, replies, model state)
+        self._handoff = cfg.max_inflight + max(1, cfg.max_inflight // 2)
+        self._take_bytes = max(1, spool.max_unsaved_bytes // 4)  # a group's bytes, at most (see _take)
         self._last_sent = 0
         self._maybe_unsent = True  # committed rows past _last_sent may exist (after a commit, or at start)
         self.client.on_publish = self._on_publish
@@ -143,9 +134,8 @@ class Publisher(Session):
     ) -> None:
         # matched to a spool row by the publisher thread; a failure reason code is a refusal, not a delivery
         self._acked_mids.append((mid, rc if rc.is_failure else None))
-        if (
-            rc.is_failure or len(self._acked_mids) >= self._ack_batch
-        ):  # wake the publisher for a batch, not for each PUBACK
+        # wake the publisher for a batch, not for each PUBACK (and take no lock when it is awake already)
+        if (rc.is_failure or len(self._acked_mids) >= self._ack_batch) and not self._wake.is_set():
             self._wake.set()
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -158,7 +148,8 @@ class Publisher(Session):
         self.results += 1
         try:
             self._q.put_nowait(("result", result))
-            self._wake.set()
+            if not self._wake.is_set():
+                self._wake.set()
         except queue.Full:
             self.dropped_queue_full += 1
 
@@ -166,12 +157,14 @@ class Publisher(Session):
         """Events are spooled like results (QoS 1, nothing lost)."""
         try:
             self._q.put_nowait(("event", doc))
-            self._wake.set()
+            if not self._wake.is_set():
+                self._wake.set()
         except queue.Full:
             self.dropped_queue_full += 1
 
     # --- the publisher thread ----------------------------------------------------------------------
-    def _spool_one(self, kind: str, item: Any) -> None:
+    def _spool_one(self, kind: str, item: Any) -> int:
+        """Number and append one message; returns its size in bytes (0 when refused)."""
         if kind == "result":
             self.seq += 1
             doc = result_payload(item, self.device_id, self.boot_id, self.seq)
@@ -184,9 +177,10 @@ class Publisher(Session):
             if kind == "result":
                 self.seq -= 1  # refused locally: seq counts spooled results, so no gap
             logger.error("mqtt: %s payload of %d bytes is over %d; refused", topic, len(payload), MAX_PAYLOAD_BYTES)
-            return
+            return 0
         self.spool.append(topic, payload, qos)
         self.spooled += 1
+        return len(payload)
 
     def _refused(self, row_id: int, topic: str, rc: ReasonCode, now: float) -> None:
         """A PUBACK with a failure reason code: the row stays; its topic is held, then retried."""
@@ -246,7 +240,7 @@ class Publisher(Session):
                 self._maybe_unsent = True
         sending = {row_id for row_id, _ in self._inflight.values()} if self._holds else set()
         for _ in range(20):  # rows of held topics are skipped: look further, boundedly
-            room = self.cfg.max_inflight - len(self._inflight)
+            room = self._handoff - len(self._inflight)
             if room <= 0 or not self._maybe_unsent:
                 return
             rows = self.spool.after(self._last_sent, room)
@@ -334,26 +328,35 @@ class Publisher(Session):
             self.failure = f"{type(exc).__name__}: {exc}"
             logger.critical("publisher: the thread died: %s", self.failure, exc_info=True)
 
+    def _take(self) -> None:
+        """Take what waits, up to a group (TAKE_ROWS, or a quarter of the spool's max_unsaved_bytes), so that a
+        producer that keeps the queue full never makes the spool drop from memory what is not committed yet."""
+        n = size = 0
+        try:
+            while n < TAKE_ROWS and size < self._take_bytes:
+                kind, item = self._q.get_nowait()
+                n += 1
+                size += self._spool_one(kind, item)
+        except queue.Empty:
+            pass
+        except Exception:  # a loop boundary: log once, count, keep going
+            logger.exception("publisher: cannot spool a message")
+
     def _loop(self) -> None:
         last_commit = time.monotonic()
         interval = self.spool_cfg.commit_interval_ms / 1000.0
         while True:
-            self._wake.wait(min(0.05, interval))
+            if self._q.empty():  # a full group was taken last turn: what is left is taken at once
+                self._wake.wait(min(0.05, interval))
             self._wake.clear()
             now = self.last_progress = time.monotonic()
-            try:
-                while True:  # take what is waiting, without blocking
-                    kind, item = self._q.get_nowait()
-                    self._spool_one(kind, item)
-            except queue.Empty:
-                pass
-            except Exception:  # a loop boundary: log once, count, keep going
-                logger.exception("publisher: cannot spool a message")
-            # Commit as soon as the queue is drained (low latency at camera rates), and at least every
-            # commit_interval_ms under load (group commit): the loss window is at most that interval.
-            # The commit also enforces the age bound, so it runs every interval even when nothing comes.
+            self._take()
+            # Commit as soon as the queue is drained (low latency at camera rates), when a group is full (see
+            # _take), and at least every commit_interval_ms (the loss window). The commit also enforces the
+            # age bound: it runs every interval even when nothing comes.
             pending = self.spool.pending_commit
-            due = now - last_commit >= interval or (pending and (self._q.empty() or pending >= 1000))
+            full = pending >= TAKE_ROWS or self.spool.pending_bytes >= self._take_bytes
+            due = now - last_commit >= interval or (pending and (self._q.empty() or full))
             if due and self._commit_backoff.due(now) and self._storage(self._commit_backoff, self.spool.commit, now):
                 last_commit = now
                 if pending:

@@ -17,7 +17,8 @@ consumers drop by boot_id + seq), never fewer.
 Flash wear: a commit writes the pages it changes to the WAL (4 kB each) and syncs it. The spool
 keeps that to about one page per batch: the deletes ride in the commit, row ids come from the spool
 rather than AUTOINCREMENT (whose sqlite_sequence page would be rewritten with every commit), and the
-clock is saved once a minute rather than with every commit (the newest row carries it across a crash).
+clock is saved once a minute rather than with every commit (the newest row carries it across a crash;
+a commit that deletes the newest rows while older ones wait, a refused topic's, saves it with them).
 
 Age: `max_age_s` is judged on the spool's own clock, a monotonic clock carried across restarts in
 the file (`meta.clock_s`), never on the wall clock, which jumps on boards without an RTC when NTP
@@ -37,8 +38,8 @@ import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .spool_file import CLOCK_SAVE_INTERVAL_S, SpoolCorrupt, SpoolError, SpoolFile
 
@@ -47,8 +48,7 @@ __all__ = ["Row", "Spool", "SpoolCorrupt", "SpoolError"]
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):  # a tuple: built for every row sent, a frozen dataclass costs 4x as much
     id: int
     topic: str
     payload: bytes
@@ -88,6 +88,8 @@ class Spool(SpoolFile):
         self._pending: deque[tuple[str, bytes, int, float, int, float]] = deque()
         self._pending_bytes = 0
         self._acked: set[int] = set()  # acknowledged rows not yet deleted from the file (see delete)
+        self._acked_max = 0  # the highest id in _acked (0 when it is empty): after() skips them only past it
+        self._dropped_upto = 0  # every row up to this id is gone from the file (the bounds cut a prefix)
         self._failing = False  # the last write failed: deletes are not deferred
         self._clock_saved = 0.0
         self._bounds_logged_at = -1e9
@@ -108,6 +110,10 @@ class Spool(SpoolFile):
     def pending_commit(self) -> int:
         return len(self._pending)
 
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
     def append(self, topic: str, payload: bytes, qos: int) -> None:
         """Held in memory until commit(); bounded by `max_unsaved_bytes` (the oldest go, counted)."""
         self._pending.append((topic, payload, qos, self._wall(), len(payload), self.clock_s()))
@@ -121,6 +127,14 @@ class Spool(SpoolFile):
         storage fails: what was appended stays in memory for the next try."""
         self._ensure_open()
         self._check_file()
+        if self._upgrade_pending:  # an older edged's file (see SpoolFile._upgrade)
+            if self._acked:
+                self._save(inserts=False)  # deliveries first: they need no new schema, and free space
+            try:
+                self._write("upgrade an older edged's spool file", self._upgrade)
+            except SpoolError:
+                self._failing = True  # new messages wait in memory; deliveries are deleted at once
+                raise
         if self._pending and self._acked:
             try:
                 self._save(inserts=True)
@@ -179,6 +193,9 @@ class Spool(SpoolFile):
             if not n:
                 return dropped
             self.db.execute("DELETE FROM messages WHERE id > ? AND id <= ?", (head, cut))
+            self._dropped_upto = max(self._dropped_upto, cut)
+            if self._acked:  # (empty here: the commit deleted them first) never counted as in the file again
+                self._acked = {i for i in self._acked if i > cut}
             self.rows -= n
             self.bytes -= freed
             excess -= freed
@@ -193,17 +210,23 @@ class Spool(SpoolFile):
         With inserts it is on disk when this returns (synchronous=FULL). Deletes alone do not wait for the
         disk (synchronous=NORMAL): a delete lost to a power cut only means a message sent once more."""
         acked = sorted(self._acked)
+        now = self.clock_s()
 
-        def write() -> tuple[int, int]:
+        def write() -> tuple[int, int, bool]:
             self.db.execute(f"PRAGMA synchronous={'FULL' if inserts else 'NORMAL'}")
-            self.db.execute("BEGIN")
+            self.db.execute("BEGIN IMMEDIATE")  # the write lock first: a read first could not wait for it
             freed = rows = 0
-            for first, last in _runs(acked):
-                for (size,) in self.db.execute(
-                    "DELETE FROM messages WHERE id >= ? AND id <= ? RETURNING size", (first, last)
-                ):
-                    freed += size
-                    rows += 1
+            for first, last in _runs(acked):  # per range, not per row: SQLite sums what a range frees
+                size, n = self.db.execute(
+                    "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM messages WHERE id >= ? AND id <= ?", (first, last)
+                ).fetchone()
+                if n:
+                    self.db.execute("DELETE FROM messages WHERE id >= ? AND id <= ?", (first, last))
+                    freed, rows = freed + size, rows + n
+            clock = rows > 0 and not inserts and not self._upgrade_pending and self._older_rows_left(acked[-1])
+            if clock:  # the newest row carried the clock across a crash (it is saved once a minute): now the
+                # meta row does, in this transaction, or the older rows left would be judged younger
+                self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('clock_s', ?)", (now,))
             if inserts:
                 self.db.executemany(
                     "INSERT INTO messages (id, topic, payload, qos, created, size, clock_s) "
@@ -211,16 +234,20 @@ class Spool(SpoolFile):
                     ((self._last_id + i, *row) for i, row in enumerate(self._pending, 1)),
                 )
             self.db.execute("COMMIT")
-            return freed, rows
+            return freed, rows, clock
 
         what = "write new messages" if inserts else "delete acknowledged messages"
         try:
-            freed, rows = self._write(what, write, may_use_reserve=not inserts)
+            freed, rows, clock = self._write(what, write, may_use_reserve=not inserts)
         except SpoolError:
             self._failing = True
             raise
         self._failing = False
+        if clock:
+            self._clock_saved = now
         self._acked.difference_update(acked)
+        if not self._acked:
+            self._acked_max = 0
         self.bytes -= freed
         self.rows -= rows
         if inserts:
@@ -230,10 +257,18 @@ class Spool(SpoolFile):
             self._pending.clear()
             self._pending_bytes = 0
 
+    def _older_rows_left(self, last_deleted: int) -> bool:
+        """Whether rows are left and all are older than a deleted one (one step down the id index). Left
+        empty, the file needs no clock: ages only matter for the rows in it (and no page more is written
+        for each delivery of a sparse stream, which empties it every time)."""
+        newest = self.db.execute("SELECT id FROM messages WHERE id > 0 ORDER BY id DESC LIMIT 1").fetchone()
+        return newest is not None and newest[0] < last_deleted
+
     def recover_corrupt(self, reason: str) -> None:
         """See SpoolFile.recover_corrupt: the rows acknowledged and not yet deleted are not lost."""
         self.rows -= len(self._acked)
         self._acked.clear()
+        self._acked_max = 0
         super().recover_corrupt(reason)
 
     def after(self, last_id: int, limit: int) -> list[Row]:
@@ -242,20 +277,26 @@ class Spool(SpoolFile):
         try:
             rows = self.db.execute(
                 "SELECT id, topic, payload, qos FROM messages WHERE id > ? ORDER BY id LIMIT ?",
-                (last_id, limit + len(self._acked)),
+                (last_id, limit + len(self._acked) if self._acked_max > last_id else limit),
             ).fetchall()
         except sqlite3.Error as exc:
             raise self._error("read messages", exc) from exc
+        if self._acked_max <= last_id:  # the sender's cursor is past them (so no copy per read of a backlog)
+            return [Row(*r) for r in rows]
         return [Row(*r) for r in rows if r[0] not in self._acked][:limit]
 
     def delete(self, ids: list[int]) -> None:
         """Acknowledged rows: gone from after() at once, from the file with the next commit() (the publisher
         commits at least every commit_interval_ms), in the same transaction as its inserts. While the
         storage fails, at once: delivering what is spooled is what frees space."""
+        # a PUBACK may come for a row the byte or age bound dropped meanwhile: it is not in the file any
+        # more, and counting it as in the file would undercount what a lost file loses (close, recover_corrupt)
+        ids = [i for i in ids if i > self._dropped_upto]
         if not ids:
             return
         self._ensure_open()
         self._acked.update(ids)
+        self._acked_max = max(self._acked_max, *ids)
         if self._failing:
             self._save(inserts=False)
 

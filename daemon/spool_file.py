@@ -10,6 +10,9 @@ Faults, each raised as a `SpoolError` (the caller retries with backoff) or handl
   still in the open, unlinked file are copied into a new file at the path, ids kept.
 - A corrupt file (at open, or a read that finds it malformed): renamed aside to
   `spool.db.corrupt-<UTC time>` (with its -wal and -shm) and a new one started; its rows are lost, counted.
+- A full disk at open: an existing file is only read there (an older edged's file is upgraded by the
+  first commit that can write, after that commit's deliveries), and the reserve is given up when even
+  reading needs room (SQLite's -shm index), so what the file holds is still delivered.
 """
 
 from __future__ import annotations
@@ -100,6 +103,8 @@ class SpoolFile:
         self._clock_base = 0.0
         self._clock_t0 = clock()
         self._open = False  # False between closing a file and opening its replacement (see _ensure_open)
+        self._has_clock = True  # the file's messages have their clock_s column (an older edged's may not)
+        self._upgrade_pending = False  # the file is an older edged's: _upgrade runs at the next commit
 
     def clock_s(self) -> float:
         """The spool's clock: seconds the daemon has run with this spool, carried across restarts."""
@@ -108,7 +113,14 @@ class SpoolFile:
     def _open_or_quarantine(self) -> None:
         """Open the file at `path`; a corrupt one is moved aside and a new one started."""
         try:
-            self._connect()
+            existing = self.path.exists() and self.path.stat().st_size > 0
+            try:
+                self._connect()
+            except sqlite3.OperationalError as exc:
+                # a full disk: even reading a file (to deliver what it holds) needs room for SQLite's -shm index
+                if not (existing and (_full(exc) or "disk I/O error" in str(exc)) and self._release_reserve()):
+                    raise
+                self._connect()
         except sqlite3.Error as exc:
             if not _corrupt(exc):
                 raise SpoolError(f"spool {self.path}: cannot open: {exc}") from exc
@@ -143,22 +155,39 @@ class SpoolFile:
             wal_pages = max(4, min(1000, fs.f_blocks * fs.f_frsize // 16 // 4096))
             db.execute(f"PRAGMA wal_autocheckpoint={wal_pages}")
             db.execute(f"PRAGMA journal_size_limit={wal_pages * 4096 * 2}")
-            for stmt in SCHEMA:
-                db.execute(stmt)
-            if "clock_s" not in {r[1] for r in db.execute("PRAGMA table_info(messages)")}:
-                # a spool of an older edged: its rows' age counts from now (their `created` is a wall time)
-                db.execute("ALTER TABLE messages ADD COLUMN clock_s REAL NOT NULL DEFAULT 0")
-            saved = db.execute("SELECT value FROM meta WHERE key = 'clock_s'").fetchone()
-            newest = db.execute("SELECT clock_s, id FROM messages WHERE id > 0 ORDER BY id DESC LIMIT 1").fetchone()
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            new_file = "messages" not in tables
+            if new_file:  # one transaction: a file half created on a full disk would pass for an older one
+                db.execute("BEGIN")
+                for stmt in SCHEMA:
+                    db.execute(stmt)
+                _set_sequence(db, self._last_id)  # for an older edged; ids go on after the old file's
+                db.execute("COMMIT")
+                tables = {"messages", "meta", "ids", "sqlite_sequence"}
+            # An existing file is only read here: the writes an older edged's file needs (see _upgrade) wait
+            # for the first commit, so that a full disk at the first start after an upgrade does not stop
+            # what the file holds from being delivered (deletes need no new schema).
+            self._has_clock = "clock_s" in {r[1] for r in db.execute("PRAGMA table_info(messages)")}
+            saved = db.execute("SELECT value FROM meta WHERE key = 'clock_s'").fetchone() if "meta" in tables else None
+            clock_col = "clock_s" if self._has_clock else "0"
+            newest = db.execute(
+                f"SELECT {clock_col}, id FROM messages WHERE id > 0 ORDER BY id DESC LIMIT 1"  # noqa: S608
+            ).fetchone()
             # the running counts: read once here, then kept in step by every insert and delete
             self.bytes, self.rows = db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM messages").fetchone()
             table = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'messages'").fetchone()
-            if not self.rows and "AUTOINCREMENT" in table[0].upper():  # an older edged's, empty: the new table
-                db.execute("BEGIN")
-                db.execute("DROP TABLE messages")
-                db.execute(SCHEMA[0])
-                db.execute("COMMIT")
-            seq = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
+            seq = (
+                db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
+                if "sqlite_sequence" in tables
+                else None
+            )
+            self._upgrade_pending = (
+                not self._has_clock
+                or not {"meta", "ids", "sqlite_sequence"} <= tables
+                or (not self.rows and "AUTOINCREMENT" in table[0].upper())  # an older edged's, empty: the new one
+                or seq is None
+                or seq[0] < self._last_id
+            )
             st = os.stat(self.path)
         except (sqlite3.Error, OSError):
             db.close()
@@ -172,9 +201,27 @@ class SpoolFile:
         newest_s = float(newest[0]) if newest else 0.0
         self._clock_base = max(float(saved[0]) if saved else 0.0, newest_s, self.clock_s())
         self._clock_t0 = self._clock()
-        if seq is None or seq[0] < self._last_id:  # a new file: its sqlite_sequence row, for an older edged
-            _set_sequence(db, self._last_id)
         self._last_id = max(self._last_id, seq[0] if seq else 0, newest[1] if newest else 0)
+
+    def _upgrade(self) -> None:
+        """The file of an older edged, made this one's in one transaction (run by the first commit): the
+        clock column and table, the `ids` table, sqlite_sequence, and an empty AUTOINCREMENT table replaced."""
+        db = self.db
+        db.execute("BEGIN")
+        for stmt in SCHEMA[1:]:
+            db.execute(stmt)
+        if not self._has_clock:  # an older edged's rows: their age counts from now (`created` is a wall time)
+            db.execute("ALTER TABLE messages ADD COLUMN clock_s REAL NOT NULL DEFAULT 0")
+        table = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'messages'").fetchone()
+        if not self.rows and "AUTOINCREMENT" in table[0].upper():
+            db.execute("DROP TABLE messages")
+            db.execute(SCHEMA[0])
+        seq = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
+        if seq is None or seq[0] < self._last_id:
+            _set_sequence(db, self._last_id)
+        db.execute("COMMIT")
+        self._has_clock, self._upgrade_pending = True, False
+        logger.info("spool: %s upgraded from an older edged's file (%d messages kept)", self.path, self.rows)
 
     def _connect_or_raise(self) -> None:
         try:
@@ -289,7 +336,8 @@ class SpoolFile:
             for stmt in SCHEMA:
                 new.execute(stmt)
             new.execute("BEGIN")
-            cur = self.db.execute(f"SELECT {COLUMNS} FROM messages ORDER BY id")  # noqa: S608
+            columns = COLUMNS if self._has_clock else COLUMNS.replace("clock_s", "0")  # not upgraded yet
+            cur = self.db.execute(f"SELECT {columns} FROM messages ORDER BY id")  # noqa: S608
             while chunk := cur.fetchmany(1000):
                 new.executemany(f"INSERT INTO messages ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", chunk)  # noqa: S608
                 n += len(chunk)

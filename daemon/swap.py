@@ -49,6 +49,7 @@ from .config import Config
 from .decoders import build_decoder
 from .governor import plan_swap
 from .inference import ActiveModel, InferenceLoop, OutputFigures, warm_up
+from .priority import yielding
 
 logger = logging.getLogger(__name__)
 
@@ -223,8 +224,10 @@ class ModelManager:
         return a
 
     # ---- loading ---------------------------------------------------------------------------
-    def open_candidate(self, pkg: Package) -> ActiveModel:
-        """Load, check I/O, build the decoder, warm up and run the golden check; close it on any failure."""
+    def open_candidate(self, pkg: Package, beside: bool = True) -> ActiveModel:
+        """Load, check I/O, build the decoder, warm up and run the golden check; close it on any failure.
+        `beside`: another model serves meanwhile, so the warm-up and golden check yield the CPU to it
+        (`yielding`); the backend is opened at the daemon's priority, as its thread pools serve later."""
         cur = self.package.manifest.input
         if pkg.manifest.input != cur:
             raise SwapError(
@@ -240,8 +243,12 @@ class ModelManager:
             shapes = {o.name: o.shape for o in backend.outputs}
             m = pkg.manifest
             decoder = build_decoder(m.decoder, m.input, m.labels, shapes)
-            warm_up(backend, m.input, max(1, self.cfg.inference.warmup_batches))
-            checked = golden_check(pkg, backend)
+
+            def first_batches() -> str | None:
+                warm_up(backend, m.input, max(1, self.cfg.inference.warmup_batches))
+                return golden_check(pkg, backend)
+
+            checked = yielding(first_batches) if beside else first_batches()
             if checked:
                 logger.info("%s: %s", pkg.ref, checked)
         except BaseException:
@@ -305,10 +312,10 @@ class ModelManager:
             if old is not None:
                 old.backend.close()
             try:
-                new = self.open_candidate(pkg)
+                new = self.open_candidate(pkg, beside=False)
             except BaseException:
                 logger.error("swap to %s failed; loading %s again", pkg.ref, old_pkg.ref)
-                self.loop.flip(self.open_candidate(old_pkg))
+                self.loop.flip(self.open_candidate(old_pkg, beside=False))
                 raise
             crash_at_env_step("swap_loaded")
             self.store.activate(m.name, m.version, stage, baseline)

@@ -140,3 +140,60 @@ def test_ids_never_go_back_and_an_older_spool_is_kept(tmp_path: Path) -> None:
     with sqlite3.connect(str(older)) as db:
         sql = db.execute("SELECT sql FROM sqlite_master WHERE name = 'messages'").fetchone()[0]
         assert "AUTOINCREMENT" not in sql.upper()
+
+
+def test_the_clock_survives_a_crash_after_the_newest_rows_were_delivered(tmp_path: Path) -> None:
+    """The newest row carries the clock across a crash between two saves; when the newest rows were
+    delivered (deleted), the commit that deletes them saves the clock, so an older row still waiting (a
+    refused topic's) is not made younger by up to a minute."""
+    clock = Clock()
+    spool = Spool(tmp_path / "s.db", 10**6, max_age_s=100, clock=clock)
+    spool.append("held", b"a", 1)
+    spool.commit()  # the held row: 0 s
+    clock.t += 50
+    spool.append("t", b"b", 1)
+    spool.commit()  # 50 s; the saved clock is older (saved once a minute)
+    spool.delete([spool.after(1, 10)[0].id])  # its PUBACK
+    spool.commit()  # deletes only: the newest row leaves the file
+    spool.db.close()  # a crash: no close(), no clock saved by it
+
+    boot = Clock(3.0)
+    again = Spool(tmp_path / "s.db", 10**6, max_age_s=100, clock=boot)
+    assert again.clock_s() >= 50
+    boot.t += 51  # the held row is 101 s old now
+    again.commit()
+    assert again.rows == 0 and again.dropped == 1
+    again.close()
+
+
+def _acked_after_the_bound_dropped_them(path: Path) -> Spool:
+    """15 rows of 100 bytes through a 1,000-byte bound: the first 10 are sent, then the bound drops the
+    oldest 5 of them, then all 10 PUBACKs come. The file holds 6..15, of which 6..10 are delivered."""
+    spool = Spool(path, max_bytes=1000, max_age_s=0)
+    for _ in range(10):
+        spool.append("t", b"x" * 100, 1)
+    spool.commit()
+    sent = spool.after(0, 10)
+    for _ in range(5):
+        spool.append("t", b"y" * 100, 1)
+    spool.commit()
+    assert spool.dropped == 5 and spool.rows == 10
+    spool.delete([r.id for r in sent])
+    return spool
+
+
+def test_lost_counts_what_was_not_delivered_when_acks_come_for_dropped_rows(tmp_path: Path) -> None:
+    """`spool_lost` subtracted every acknowledged id from the rows a lost file held, also those the
+    bound had already dropped (not in the file any more): here 0 instead of 5."""
+    state = tmp_path / "state"
+    spool = _acked_after_the_bound_dropped_them(state / "s.db")
+    for p in state.iterdir():
+        p.unlink()
+    state.rmdir()
+    state.write_text("")  # the state folder is a file now: the spool cannot be re-created at stop
+    assert spool.close() == 5 and spool.lost == 5
+
+    spool = _acked_after_the_bound_dropped_them(tmp_path / "c.db")
+    spool.recover_corrupt("found corrupt")  # the file is moved aside: what it held undelivered is lost
+    assert spool.lost == 5
+    spool.close()
