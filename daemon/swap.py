@@ -49,7 +49,6 @@ from .config import Config
 from .decoders import build_decoder
 from .governor import plan_swap
 from .inference import ActiveModel, InferenceLoop, OutputFigures, warm_up
-from .priority import yielding
 
 logger = logging.getLogger(__name__)
 
@@ -224,10 +223,8 @@ class ModelManager:
         return a
 
     # ---- loading ---------------------------------------------------------------------------
-    def open_candidate(self, pkg: Package, beside: bool = True) -> ActiveModel:
-        """Load, check I/O, build the decoder, warm up and run the golden check; close it on any failure.
-        `beside`: another model serves meanwhile, so the warm-up and golden check yield the CPU to it
-        (`yielding`); the backend is opened at the daemon's priority, as its thread pools serve later."""
+    def open_candidate(self, pkg: Package) -> ActiveModel:
+        """Load, check I/O, build the decoder, warm up and run the golden check; close it on any failure."""
         cur = self.package.manifest.input
         if pkg.manifest.input != cur:
             raise SwapError(
@@ -243,12 +240,8 @@ class ModelManager:
             shapes = {o.name: o.shape for o in backend.outputs}
             m = pkg.manifest
             decoder = build_decoder(m.decoder, m.input, m.labels, shapes)
-
-            def first_batches() -> str | None:
-                warm_up(backend, m.input, max(1, self.cfg.inference.warmup_batches))
-                return golden_check(pkg, backend)
-
-            checked = yielding(first_batches) if beside else first_batches()
+            warm_up(backend, m.input, max(1, self.cfg.inference.warmup_batches))
+            checked = golden_check(pkg, backend)
             if checked:
                 logger.info("%s: %s", pkg.ref, checked)
         except BaseException:
@@ -312,10 +305,10 @@ class ModelManager:
             if old is not None:
                 old.backend.close()
             try:
-                new = self.open_candidate(pkg, beside=False)
+                new = self.open_candidate(pkg)
             except BaseException:
                 logger.error("swap to %s failed; loading %s again", pkg.ref, old_pkg.ref)
-                self.loop.flip(self.open_candidate(old_pkg, beside=False))
+                self.loop.flip(self.open_candidate(old_pkg))
                 raise
             crash_at_env_step("swap_loaded")
             self.store.activate(m.name, m.version, stage, baseline)
