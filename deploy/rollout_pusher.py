@@ -264,6 +264,16 @@ class RolloutPusher(Pusher):
             self._requests.append((d, name, offset, length))
             self._send_cv.notify()
 
+    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
+        # paho's reconnect() drops the QoS 0 chunks it had not written without an on_publish for them: forget
+        # them here, or they would count against max_out_bytes for good and the sender would stop (the
+        # devices ask again for what they lack)
+        with self._send_cv:
+            self._out_mids.clear()
+            self.out_bytes = 0
+            self._send_cv.notify_all()
+        super()._on_connect(client, userdata, flags, rc, props)
+
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, rc: Any, props: Any) -> None:
         with self._send_cv:
             n = self._out_mids.pop(mid, 0)

@@ -363,3 +363,38 @@ def test_with_a_mirror_a_device_back_after_the_pusher_left_catches_up_from_the_w
     assert gets, web.requests()
     assert "taking group dock's offer" in d2.output()
     assert d1.stop() == 0 and d2.stop() == 0
+
+
+def test_the_pusher_forgets_the_chunks_paho_dropped_at_a_reconnect_and_sends_again(
+    broker: Broker, demo: DemoAssets, tmp_path: Path, signer: SigningKey
+) -> None:
+    """paho's reconnect() drops the QoS 0 chunks it had not written without an on_publish for them: the
+    bounded sender must not count them for good (it would stop sending, and every device would stall)."""
+    from edged.daemon.config import MqttConfig
+    from edged.deploy.push import Device
+    from edged.deploy.rollout_pusher import RolloutPusher
+
+    pkg = build(demo, tmp_path, signer, 2)
+    p = RolloutPusher(MqttConfig(host=broker.host, port=broker.port), pkg, max_out_bytes=1 << 20)
+    try:
+        p.connect()
+        name = max(p.manifest.files, key=lambda n: p.manifest.files[n].size)
+        size = p.manifest.files[name].size
+        dev = Device("cam-01", total=p.total)
+        assert broker.proc is not None
+        broker.proc.send_signal(signal.SIGSTOP)  # the broker stops reading: chunks pile up in paho
+        try:
+            for _ in range(64):
+                p._send(dev, name, 0, size)
+            wait_until(lambda: p.out_bytes >= p.max_out_bytes, 10, "chunks held in paho's queue")
+        finally:
+            broker.proc.send_signal(signal.SIGKILL)
+            broker.proc.send_signal(signal.SIGCONT)
+            broker.proc.wait(10)
+        broker.start()
+        wait_until(lambda: p._connected.is_set() and p.out_bytes == 0, 30, f"reconnected, {p.out_bytes} B held")
+        served = dev.served
+        p._serve(dev, {"transfer": p.transfer, "file": name, "offset": 0, "length": size})  # asked again
+        wait_until(lambda: dev.served > served, 10, "a chunk sent after the reconnect")
+    finally:
+        p.close()
