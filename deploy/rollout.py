@@ -398,6 +398,15 @@ def _publish_group_offer(pusher: RolloutPusher, group: str, serve_s: float) -> N
         properties=props,
     )
     info.wait_for_publish(10)
+    refused = pusher.refused.pop(info.mid, None)
+    if refused is not None or not info.is_published():
+        why = f"refused it ({refused})" if refused else "did not acknowledge it within 10 s"
+        print(
+            f"push: WARNING: the broker {why}: group {group!r}'s devices that are offline will not take this "
+            f"offer (the identity needs `topic write {pusher.prefix}/_groups/+/ota` in the broker's ACL)",
+            file=pusher.out,
+        )
+        return
     pusher.group_offered = group
 
 

@@ -62,6 +62,7 @@ class RolloutPusher(Pusher):
         self._fenced = threading.Event()
         self._model_states: dict[str, dict[str, Any]] = {}
         self.group_offered: str | None = None  # the group whose retained offer we published
+        self.refused: dict[int, str] = {}  # message id -> the broker's reason, for QoS 1 publishes it refused
         self.silent: set[str] = set()  # followed, never offered to (offline: the group offer is theirs)
         self.wave_wait: Wait = "swap"
         self._sending = True
@@ -275,6 +276,8 @@ class RolloutPusher(Pusher):
         super()._on_connect(client, userdata, flags, rc, props)
 
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, rc: Any, props: Any) -> None:
+        if getattr(rc, "is_failure", False):  # a QoS 1 PUBACK refusing it (e.g. 0x87: the ACL)
+            self.refused[mid] = str(rc)
         with self._send_cv:
             n = self._out_mids.pop(mid, 0)
             if n:

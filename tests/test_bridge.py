@@ -233,6 +233,35 @@ def test_central_acl_confines_a_site_bridge(brokers: tuple[SiteBroker, SiteBroke
         backend.close()
 
 
+def test_a_group_offer_and_the_push_fence_cross_the_bridge(
+    brokers: tuple[SiteBroker, SiteBroker], tiers: Tiers
+) -> None:
+    """`edged push --group` against the central broker: its retained group offer comes down to the site (a
+    device that was offline reads it there, retained) and its discovery fence comes back to it."""
+    site, central = brokers
+    backend = Consumer(tiers.central_pki, central.port, ("edged/_push/+/sync",))
+    try:
+        assert not acked(backend.c, "edged/_groups/dock/ota", b'{"offer": 1}', retain=True).is_failure
+        assert not acked(backend.c, "edged/_push/0123456789abcdef/sync", b"fence").is_failure
+        wait_until(lambda: bool(backend.on("_push/0123456789abcdef/sync")), 10, "the fence back at the pusher")
+
+        def at_the_site() -> list[mqtt.MQTTMessage]:  # a device connecting at the site later: retained
+            dev = Consumer(tiers.site_pki, site.port, ("edged/_groups/+/ota",), name="cam-01")
+            try:
+                wait_until(lambda: bool(dev.on("_groups/dock/ota")), 3, "the group offer at the site")
+                return dev.on("_groups/dock/ota")
+            except AssertionError:
+                return []
+            finally:
+                dev.close()
+
+        wait_until(lambda: bool(at_the_site()), 20, "the group's offer retained on the site broker")
+        got = at_the_site()
+        assert got[0].payload == b'{"offer": 1}' and got[0].retain
+    finally:
+        backend.close()
+
+
 def outage(
     brokers: tuple[SiteBroker, SiteBroker],
     tiers: Tiers,

@@ -398,3 +398,30 @@ def test_the_pusher_forgets_the_chunks_paho_dropped_at_a_reconnect_and_sends_aga
         wait_until(lambda: dev.served > served, 10, "a chunk sent after the reconnect")
     finally:
         p.close()
+
+
+def test_a_group_offer_the_broker_refuses_is_reported_not_taken_for_published(
+    tmp_path: Path, demo: DemoAssets, signer: SigningKey
+) -> None:
+    """A broker whose ACL does not let the pusher write `<prefix>/_groups/+/ota` answers the retained group
+    offer with 0x87: `edged push` says so (offline devices will not take it) instead of reporting it out."""
+    import io
+
+    from edged.daemon.config import MqttConfig
+    from edged.deploy.rollout import _publish_group_offer
+    from edged.deploy.rollout_pusher import RolloutPusher
+
+    acl = tmp_path / "acl"
+    acl.write_text("topic readwrite edged/_push/#\n")
+    b = Broker(tmp_path, extra=f"allow_anonymous true\nacl_file {acl}")
+    b.start()
+    out = io.StringIO()
+    p = RolloutPusher(MqttConfig(host=b.host, port=b.port), build(demo, tmp_path, signer, 2), out)
+    try:
+        p.connect()
+        _publish_group_offer(p, "dock", 60)
+        assert p.group_offered is None
+        assert "WARNING: the broker refused it" in out.getvalue() and "edged/_groups/+/ota" in out.getvalue()
+    finally:
+        p.close()
+        b.stop()

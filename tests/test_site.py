@@ -134,11 +134,11 @@ def connect(site: Path) -> Iterator[Callable[[SiteBroker, str], Client]]:
         c.loop_stop()
 
 
-def acked(c: mqtt.Client, topic: str, payload: bytes = b"{}") -> Any:
+def acked(c: mqtt.Client, topic: str, payload: bytes = b"{}", retain: bool = False) -> Any:
     """Publish at QoS 1 and return the PUBACK's reason code (0x87 Not authorized when the ACL refuses)."""
     codes: dict[int, Any] = {}
     c.on_publish = lambda cl, u, mid, rc, p: codes.__setitem__(mid, rc)
-    info = c.publish(topic, payload, qos=1)
+    info = c.publish(topic, payload, qos=1, retain=retain)
     wait_until(lambda: info.mid in codes, 5, f"the PUBACK for {topic}")
     return codes[info.mid]
 
