@@ -33,6 +33,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from edged import __version__
 from edged.errors import Code, EdgedError, PackageError
@@ -124,6 +125,19 @@ def tls_context(ca_file: Path | None) -> ssl.SSLContext:
         raise EdgedError(f"ota.http_ca_file {ca_file}: {exc}", code=Code.DOWNLOAD_FAILED) from exc
 
 
+class _NoDowngrade(urllib.request.HTTPRedirectHandler):
+    """Redirects are followed, but never from https to anything else: the bytes would travel in clear."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> urllib.request.Request | None:
+        if req.full_url.lower().startswith("https:") and not newurl.lower().startswith("https:"):
+            raise urllib.error.HTTPError(
+                req.full_url, code, f"refused a redirect from https to {newurl.split('?', 1)[0]}", headers, fp
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 class Downloader:
     """Fills a `PartFile` from its URLs (see the module's docstring for the rules)."""
 
@@ -136,7 +150,7 @@ class Downloader:
             urllib.request.ProxyHandler(),  # http(s)_proxy and no_proxy from the environment, as curl does
             urllib.request.HTTPHandler(),
             urllib.request.HTTPSHandler(context=tls_context(cfg.http_ca_file)),
-            urllib.request.HTTPRedirectHandler(),
+            _NoDowngrade(),
             urllib.request.HTTPDefaultErrorHandler(),
             urllib.request.HTTPErrorProcessor(),
         ):

@@ -306,6 +306,7 @@ def _json(status: int, doc: dict[str, Any]) -> tuple[int, str, bytes]:
 def _handler(server: HealthServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = f"edged/{__version__}"
+        timeout = 10  # an idle or slow client frees its thread (each connection has one)
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]

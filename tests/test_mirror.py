@@ -63,6 +63,7 @@ http {{
         root {root};
         limit_rate {limit_rate};
         location /broken/ {{ return 503; }}
+        location /moved/ {{ return 302 http://127.0.0.1:{self.port}/sha256/x; }}
     }}
 }}
 """
@@ -277,6 +278,10 @@ def test_the_bandwidth_cap_tls_verification_and_mirrors_in_turn(tmp_path: Path, 
     assert part.done == len(body)
     with pytest.raises(EdgedError, match=r"certificate verify failed.*trusting the system's CAs") as e:
         fill(downloader(), [f"{tls.url}/sha256/x"], tmp_path / "e", len(body))
+    assert e.value.code == Code.DOWNLOAD_FAILED
+    # a redirect from https to plain http is refused (the bytes would travel in clear)
+    with pytest.raises(EdgedError, match=r"refused a redirect from https to http://127\.0\.0\.1") as e:
+        fill(downloader(http_ca_file=pki / "ca.crt"), [f"{tls.url}/moved/x"], tmp_path / "h", len(body))
     assert e.value.code == Code.DOWNLOAD_FAILED
 
 
