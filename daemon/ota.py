@@ -343,4 +343,6 @@ class OtaReceiver:
         by: str | None = None,
     ) -> None:
         doc = status_doc(transfer, state, model, done, total, error, detail, by)
-        self._link.publish_direct(self._link.topic(topics.OTA_STATUS), json.dumps(doc).encode(), qos=1, retain=True)
+        payload = json.dumps(doc).encode()
+        if not self._link.publish_direct(self._link.topic(topics.OTA_STATUS), payload, qos=1, retain=True):
+            logger.warning("ota: transfer %s: status %s not sent (broker away or the MQTT queue full)", transfer, state)

@@ -120,7 +120,8 @@ class Publisher(Session):
         self._wake = threading.Event()  # set by submit() and by PUBACKs: the publisher thread has work
         self._ack_batch = max(1, cfg.max_inflight // 4)
         # rows handed to paho, not yet acknowledged: its window and half as many queued (paho's queue holds
-        # twice the window: the last quarter stays free for the session's status, replies, model state)
+        # three windows, protocol/client.py: the other half stays free for the session's status, replies,
+        # model state, OTA status)
         self._handoff = cfg.max_inflight + max(1, cfg.max_inflight // 2)
         self._take_bytes = max(1, spool.max_unsaved_bytes // 4)  # a group's bytes, at most (see _take)
         self._last_sent = 0

@@ -89,7 +89,9 @@ def make_client(cfg: MqttSettings, client_id: str, will: tuple[str, bytes] | Non
                 raise ConfigError(f"mqtt.password_file: cannot read {cfg.password_file}: {exc.strerror}") from exc
         client.username_pw_set(cfg.username, password)
     client.max_inflight_messages_set(cfg.max_inflight)
-    client.max_queued_messages_set(cfg.max_inflight * 2)
+    # paho counts QoS 1 messages in flight and queued against one limit: the publisher keeps 1.5 windows of
+    # spooled rows there (daemon/publish.py), so 1.5 windows stay for status, replies, model and OTA state
+    client.max_queued_messages_set(cfg.max_inflight * 3)
     if will is not None:
         client.will_set(will[0], will[1], qos=1, retain=True)
     return client
