@@ -7,7 +7,9 @@ hands it to the OTA receiver exactly as a ``cmd/ota`` offer: the signature, the 
 than the highest accepted: refused), a version rolled back here (never retried) and the compatibility
 are checked as for any offer, and its progress goes to ``…/ota/status`` under the rollout's transfer id,
 which the pusher follows. Each transfer id is acted on once: the ids taken are kept in
-``<state_dir>/ota-groups.json``, so an offer refused or rolled back is not tried again at each reconnect.
+``<state_dir>/ota-groups.json``, so an offer refused or rolled back is not tried again at each reconnect
+— unless its transfer stopped short (stalled, or a failed download: the bytes are kept): then the offer,
+seen again at the next connect, resumes it (a mirror back up, a link back), as a restart would.
 
 The message arrives on paho's network thread, which only queues it (at most `MAX_PENDING`); a thread of
 its own checks and offers it.
@@ -37,6 +39,8 @@ MAX_REMEMBERED = 64  # transfer ids kept per device
 
 class Offerable(Protocol):
     def offer(self, args: OfferArgs) -> dict[str, object]: ...
+
+    def unfinished(self, args: OfferArgs) -> bool: ...
 
 
 class GroupOffers:
@@ -88,10 +92,13 @@ class GroupOffers:
             logger.warning("ota: a group offer for %r on another group's topic %s; ignored", offer.group, topic)
             return
         seen = self._seen()
-        if offer.transfer in seen:
+        if offer.transfer in seen and not self._receiver.unfinished(offer.args()):
             logger.info("ota: group %s's offer %s was taken before; ignored", offer.group, offer.transfer)
             return
-        write_atomic(self._seen_path, json.dumps(([*seen, offer.transfer])[-MAX_REMEMBERED:]).encode())
+        if offer.transfer in seen:
+            logger.info("ota: group %s's offer %s stopped short here: taken again", offer.group, offer.transfer)
+        else:
+            write_atomic(self._seen_path, json.dumps(([*seen, offer.transfer])[-MAX_REMEMBERED:]).encode())
         self.taken += 1
         logger.info("ota: taking group %s's offer (transfer %s)", offer.group, offer.transfer)
         try:

@@ -156,6 +156,20 @@ class OtaReceiver:
             self._start(t)
             return self._accepted(t)
 
+    def unfinished(self, args: OfferArgs) -> bool:
+        """Whether this offer's package has a transfer here that stopped short and is not running (stalled,
+        or a download that failed: its bytes are kept): offering it again resumes it."""
+        try:
+            manifest_bytes, _ = args.decode()
+        except CommandError:
+            return False
+        key = hashlib.sha256(manifest_bytes).hexdigest()[:16]
+        with self._lock:
+            cur = self._current
+            if cur is not None and cur.folder.name == key and self._thread is not None and self._thread.is_alive():
+                return False
+            return (self.root / key / "offer.json").exists()
+
     def _join(self, t: Transfer, args: OfferArgs) -> None:
         """Carry on with the running transfer `t` under the newer offer's id: say so on the old id's status,
         and ask the requests in flight again under the new id (its pusher serves only its own id; answers

@@ -425,3 +425,49 @@ def test_a_group_offer_the_broker_refuses_is_reported_not_taken_for_published(
     finally:
         p.close()
         b.stop()
+
+
+def test_a_group_offer_whose_download_stopped_short_is_taken_again_at_the_next_connect(
+    demo: DemoAssets,
+    tmp_path: Path,
+    signer: SigningKey,
+    start_daemon: Callable[..., DaemonProc],
+    nginx_factory: Any,  # noqa: F811
+) -> None:
+    """A device back after `edged push --mirror` exited takes the group's offer while the mirror is down: its
+    download stalls (bytes kept). The mirror comes back; at its next connect (a broker restart here) the
+    retained offer, taken before, is taken again because its transfer stopped short, and the device catches
+    up — not only at its next restart."""
+    b = Broker(tmp_path, persistence=True)  # the retained offer survives the broker's restart
+    b.start()
+    try:
+        cfgs = fleet(b, demo, tmp_path, signer, ["cam-01"])
+        doc = device_doc(b, demo, tmp_path, "cam-02", probation_s=3, probation_batches=10, probation_latency_ratio=3)
+        doc["groups"] = ["dock"]
+        doc["cameras"][0]["fps_max"] = 4
+        doc["ota"].update(retry_s=0.5, give_up_s=2)
+        cfg2 = write_config(tmp_path / "cam-02.yaml", doc)
+        install(cfg2, build(demo, tmp_path, signer, 1))
+        d1 = serving(start_daemon(cfgs["cam-01"]))
+        retained_offline(b, "cam-02", ["dock"])
+        www = tmp_path / "www"
+        web = nginx_factory(www)
+        v2 = build(demo, tmp_path, signer, 2)
+        cmd = push_cmd(b, str(v2), "--group", "dock", "--mirror", str(www), "--mirror-url", web.url + "/")
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=240)
+        assert r.returncode == 1 and "1 of 2 device(s) succeeded" in r.stderr, r.stdout + r.stderr
+        web.stop()  # the mirror is down when cam-02 comes back
+        d2 = start_daemon(cfg2)
+        try:
+            wait_until(lambda: "refused: no byte of" in d2.output(), 60, "cam-02's download stalled")
+        except AssertionError:
+            raise AssertionError(d2.output()[-4000:]) from None
+        assert current(tmp_path, "cam-02") == 1
+        web.start()
+        b.stop()  # cam-02 connects again: the broker sends the retained group offer again
+        b.start()
+        wait_until(lambda: current(tmp_path, "cam-02") == 2, 120, "cam-02 on v2\n" + d2.output()[-3000:])
+        assert "stopped short here: taken again" in d2.output()
+        assert d1.stop() == 0 and d2.stop() == 0
+    finally:
+        b.stop()
