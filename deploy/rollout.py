@@ -37,6 +37,7 @@ or another rollout's state; 3 aborted (over the threshold); 130 stopped (resume 
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import itertools
@@ -50,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -147,6 +148,7 @@ class Rollout:
     urls: dict[str, list[str]] = field(default_factory=dict)  # --mirror: where the files are (kept for a resume)
     reason: str = ""
     _saved: float = 0.0
+    beside: bool = False  # not saved: another `edged push` runs this package to these devices now
 
     def doc(self) -> dict[str, Any]:
         keys = ["package", "manifest_sha256", "ref", "transfer", "group", "devices", "waves", "canary"]
@@ -250,7 +252,9 @@ def run_rollout(
     pusher = RolloutPusher(mqtt_cfg, Path(r.package), out, transfer=r.transfer)
     print(
         f"push: {pusher.ref} ({pusher.total / 2**20:.1f} MiB, transfer {pusher.transfer}) via "
-        f"{mqtt_cfg.host}:{mqtt_cfg.port}; rollout state {r.path}" + (" (resumed)" if resumed else ""),
+        f"{mqtt_cfg.host}:{mqtt_cfg.port}; rollout state {r.path}"
+        + (" (resumed)" if resumed else "")
+        + (" (another push of it runs now: this is a rollout of its own)" if r.beside else ""),
         file=out,
     )
     old_handler = _stop_on_sigterm()
@@ -449,8 +453,10 @@ def start_rollout(
 ) -> int:
     """``edged push``: a new rollout, or the one in `state` (the default file for this package and these
     targets) resumed, or the one in `resume` with everything it recorded."""
+    lock: IO[str] | None = None
     try:
         if resume is not None:
+            lock = _running_lock(resume)
             r = Rollout.load(resume)
             if r.status in ("aborted", "done"):
                 why = f"was aborted ({r.reason})" if r.status == "aborted" else "finished (push again for a new one)"
@@ -461,8 +467,36 @@ def start_rollout(
             allowed_failures(max_failures, 1)  # a usage error before anything is sent
             _, ref, fresh = new_rollout(package, group, devices, parse_waves(waves), canary, max_failures, wait)
             fresh.path = state or default_state_path(ref, group, devices, f"{mqtt_cfg.host}_{mqtt_cfg.port}")
+            try:
+                lock = _running_lock(fresh.path)
+            except RolloutError:
+                if state is not None:
+                    raise
+                # another operator pushes this package to these devices now: a rollout of its own (the device
+                # runs one transfer; this offer joins it, and each push reports what the device did)
+                fresh.path = fresh.path.with_name(f"{fresh.path.stem}-{fresh.transfer}.json")
+                lock = _running_lock(fresh.path)
+                fresh.beside = True
             r = open_rollout(fresh.path, fresh, state is not None, out)
     except (ValueError, RolloutError) as exc:
         print(f"edged push: error: {exc}", file=out)
+        if lock is not None:
+            lock.close()
         return 2
-    return run_rollout(mqtt_cfg, r, timeout_s, discover_s, wait_offline_s, out, mirror)
+    try:
+        return run_rollout(mqtt_cfg, r, timeout_s, discover_s, wait_offline_s, out, mirror)
+    finally:
+        lock.close()  # the lock goes with the process anyway (a SIGKILL frees it too)
+
+
+def _running_lock(state: Path) -> IO[str]:
+    """An exclusive lock on ``<state>.lock`` held while this process runs the rollout: a rollout is resumed by
+    one `edged push` at a time (RolloutError while another process holds it)."""
+    state.parent.mkdir(parents=True, exist_ok=True)
+    f = open(state.with_name(state.name + ".lock"), "a")  # noqa: SIM115  (held until the rollout ends)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise RolloutError(f"{state}: an edged push runs this rollout now; wait for it, or stop it first") from None
+    return f

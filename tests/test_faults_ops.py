@@ -250,7 +250,8 @@ def test_two_pushes_of_one_package_at_once_both_end_promptly_and_truthfully(
     sub = subscribe(broker, "edged/cam-01/#")
     d = start_daemon(cfg)
     wait_results(sub, 1)
-    v2 = build(demo, tmp_path, signer, 2, files={"padding.bin": padding(tmp_path / "padding.bin", 8 << 20)})
+    # 24 MiB: the transfer must still run when the second `edged push` (a new process) offers it
+    v2 = build(demo, tmp_path, signer, 2, files={"padding.bin": padding(tmp_path / "padding.bin", 24 << 20)})
     t0 = time.monotonic()
     first = start_push(broker, v2, "--device", "cam-01", "--timeout", "60")
     wait_until(lambda: any(m.json().get("state") == "downloading" for m in sub.on("ota/status")), 30, "a download")

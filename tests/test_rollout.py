@@ -272,6 +272,31 @@ def test_sigterm_stops_a_rollout_that_resumes_later(
     assert doc["status"] == "stopped" and doc["plan"] == [["ghost"]], doc
 
 
+def test_a_rollout_runs_in_one_push_at_a_time(
+    broker: Broker, demo: DemoAssets, tmp_path: Path, signer: SigningKey
+) -> None:
+    """While an `edged push` runs a rollout, resuming it (or naming its state file) from another is refused;
+    the same command from another operator (the default state file) is a rollout of its own."""
+    state = tmp_path / "rollout.json"
+    pkg = str(build(demo, tmp_path, signer, 2))
+    p = subprocess.Popen(
+        push_cmd(broker, pkg, "--device", "ghost", "--state", str(state)), stderr=subprocess.PIPE, text=True, cwd=REPO
+    )
+    assert p.stderr is not None
+    for line in p.stderr:
+        if "wave 1/1" in line:
+            break
+    try:
+        for args in (["--resume", str(state)], [pkg, "--device", "ghost", "--state", str(state)]):
+            r = subprocess.run(push_cmd(broker, *args), capture_output=True, text=True, cwd=REPO, timeout=60)
+            assert r.returncode == 2 and "an edged push runs this rollout now" in r.stderr, r.stderr
+        assert json.loads(state.read_text())["status"] == "running"
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+    assert p.returncode == 130
+
+
 def test_a_group_offer_older_than_the_device_runs_is_refused_once(
     broker: Broker,
     demo: DemoAssets,
