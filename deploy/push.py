@@ -191,6 +191,10 @@ class Pusher:
         self._subscribe(topics.every_status(self.prefix))
         self._subscribed()
         time.sleep(wait_s)  # retained statuses arrive right after the SUBACK; live ones may take a moment
+        return self.members(group)
+
+    def members(self, group: str) -> tuple[list[str], list[str]]:
+        """The devices whose status seen so far lists `group`: (online, offline), each sorted."""
         online: list[str] = []
         offline: list[str] = []
         with self._lock:

@@ -102,13 +102,7 @@ class RolloutPusher(Pusher):
                 "edged.conf sets 100000 (mosquitto's default of 1000 would hide devices beyond 1020)",
                 file=self.out,
             )
-        online: list[str] = []
-        offline: list[str] = []
-        with self._lock:
-            for dev, doc in sorted(self._statuses.items()):
-                if group in (doc.get("groups") or []):
-                    (online if doc.get("state") == "online" else offline).append(dev)
-        return online, offline
+        return self.members(group)
 
     def _handle(self, msg: mqtt.MQTTMessage) -> None:
         if msg.topic == topics.push_sync(self.prefix, self.transfer):
