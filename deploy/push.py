@@ -107,6 +107,7 @@ class Pusher:
         self._lock = threading.Lock()
         self._subs: list[str] = [self.replies]
         self._unacked: set[int] = set()  # SUBSCRIBE message ids the broker has not acknowledged yet
+        self._early_acks: set[int] = set()  # SUBACKs that came before subscribe() returned their id
         self._statuses: dict[str, dict[str, Any]] = {}
         self._connected = threading.Event()
         self.client = make_client(mqtt_cfg, f"edged-push-{self.transfer}")
@@ -153,6 +154,9 @@ class Pusher:
 
     def _on_disconnect(self, *args: Any) -> None:
         self._connected.clear()
+        with self._lock:  # on_connect subscribes everything again, and waits for those SUBACKs
+            self._unacked.clear()
+            self._early_acks.clear()
         self._jitter_reconnect()
 
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
@@ -162,19 +166,31 @@ class Pusher:
         self._reconnect.reset()
         self._jitter_reconnect()  # the wait after the next loss: the first step again
         for topic in list(self._subs):  # again after every reconnect (a broker restart forgets them)
-            client.subscribe(topic, qos=1)
+            self._track(client.subscribe(topic, qos=1)[1])
         self._connected.set()
 
     def _subscribe(self, topic: str) -> None:
         self._subs.append(topic)
         _, mid = self.client.subscribe(topic, qos=1)
-        if mid is not None:  # None: not connected; on_connect subscribes again
-            with self._lock:
+        self._track(mid)
+
+    def _track(self, mid: int | None) -> None:
+        """Wait for this SUBSCRIBE's SUBACK in `_subscribed` — unless it came already: paho's network thread can
+        run `_on_subscribe` before `subscribe()` has returned the id here."""
+        if mid is None:  # not connected; on_connect subscribes again
+            return
+        with self._lock:
+            if mid in self._early_acks:
+                self._early_acks.discard(mid)
+            else:
                 self._unacked.add(mid)
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, codes: Any, props: Any) -> None:
         with self._lock:
-            self._unacked.discard(mid)
+            if mid in self._unacked:
+                self._unacked.discard(mid)
+            else:
+                self._early_acks.add(mid)
 
     def _subscribed(self, timeout_s: float = 10.0) -> None:
         """Wait for the broker to confirm our subscriptions, so no device answers before we listen."""

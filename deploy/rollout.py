@@ -250,6 +250,7 @@ def run_rollout(
 ) -> int:
     resumed = r.status != "new"
     pusher = RolloutPusher(mqtt_cfg, Path(r.package), out, transfer=r.transfer)
+    pusher.resumed = resumed
     print(
         f"push: {pusher.ref} ({pusher.total / 2**20:.1f} MiB, transfer {pusher.transfer}) via "
         f"{mqtt_cfg.host}:{mqtt_cfg.port}; rollout state {r.path}"

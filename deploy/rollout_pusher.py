@@ -62,6 +62,7 @@ class RolloutPusher(Pusher):
         self._fenced = threading.Event()
         self._model_states: dict[str, dict[str, Any]] = {}
         self.group_offered: str | None = None  # the group whose retained offer we published
+        self.resumed = False  # a resumed rollout: a wave first learns which devices committed in an earlier run
         self.refused: dict[int, str] = {}  # message id -> the broker's reason, for QoS 1 publishes it refused
         self.silent: set[str] = set()  # followed, never offered to (offline: the group offer is theirs)
         self.wave_wait: Wait = "swap"
@@ -153,9 +154,14 @@ class RolloutPusher(Pusher):
                 d.state = "offline"
             wave.append(d)
             root = topics.device_root(self.prefix, dev)
-            for topic in (topics.ota_request(root), topics.ota_status(root), topics.model_state(root)):
+            # its chunk requests last: a device downloading from another pusher asks many a second, and the
+            # broker would queue the SUBACKs of later subscriptions behind them
+            for topic in (topics.ota_status(root), topics.model_state(root), topics.ota_request(root)):
                 self._subscribe(topic)
-        self.fence(10.0)  # the retained model states and statuses of this wave are in
+        if self.resumed:  # the retained model states of this wave are in: who committed before is not offered
+            self.fence(10.0)
+        else:  # a new rollout offers everyone (a current device answers unchanged): subscribed is enough, and
+            self._subscribed()  # a fence can queue behind a busy device's chunk requests to another pusher
         deadline = time.monotonic() + timeout_s
         self._offers_until = deadline
         for d in wave:

@@ -250,8 +250,7 @@ def test_two_pushes_of_one_package_at_once_both_end_promptly_and_truthfully(
     sub = subscribe(broker, "edged/cam-01/#")
     d = start_daemon(cfg)
     wait_results(sub, 1)
-    # 24 MiB: the transfer must still run when the second `edged push` (a new process) offers it
-    v2 = build(demo, tmp_path, signer, 2, files={"padding.bin": padding(tmp_path / "padding.bin", 24 << 20)})
+    v2 = build(demo, tmp_path, signer, 2, files={"padding.bin": padding(tmp_path / "padding.bin", 8 << 20)})
     t0 = time.monotonic()
     first = start_push(broker, v2, "--device", "cam-01", "--timeout", "60")
     wait_until(lambda: any(m.json().get("state") == "downloading" for m in sub.on("ota/status")), 30, "a download")
@@ -342,7 +341,12 @@ def test_a_pusher_whose_transfer_was_taken_over_takes_it_back_when_the_other_die
     def statuses_of(transfer: str) -> list[dict[str, Any]]:
         return [m.json() for m in sub.on("ota/status") if m.json().get("transfer") == transfer]
 
-    wait_until(lambda: any(s["state"] == "downloading" for s in statuses_of(theirs)), 30, "the second's transfer")
+    try:
+        wait_until(lambda: any(s["state"] == "downloading" for s in statuses_of(theirs)), 30, "the second's transfer")
+    except AssertionError:
+        second.kill()
+        ota = [ln for ln in d.output().splitlines() if "ota" in ln or "swap" in ln or "offer" in ln]
+        raise AssertionError(second.communicate()[0] + "\n" + "\n".join(ota[-30:])) from None
     second.kill()  # a real SIGKILL: nobody serves the transfer the device now runs
     second.wait()
     assert second.stdout is not None
