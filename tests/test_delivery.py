@@ -192,13 +192,18 @@ def test_unreachable_broker_backs_off(tmp_path: Path) -> None:
 
 def test_broker_away_at_start_then_appears(subscribe, start_daemon, demo: DemoAssets, tmp_path: Path) -> None:
     (tmp_path / "broker").mkdir()
-    broker = Broker(tmp_path / "broker")  # configured, not started
+    broker = Broker(tmp_path / "broker", persistence=True)
+    # the subscriber's session (persistent, kept by the broker across its restart) exists before the daemon
+    # can reach the broker: whatever the daemon sends the moment the broker is back is queued for it, so
+    # the test does not race the daemon's reconnect with its own subscription
+    broker.start()
+    sub = subscribe(broker, "edged/test-01/results/#", persistent=True)
+    broker.stop()
     d = start_daemon(write_config(tmp_path / "c.yaml", base_config(broker, demo, tmp_path, cams())))
     wait_until(lambda: "serving 1 camera(s)" in d.output(), 60, "the daemon to serve without a broker")
     wait_until(lambda: spooled_results(tmp_path / "state") >= 20, 30, "results in the spool")
     broker.start()
     try:
-        sub = subscribe(broker, "edged/test-01/results/#")
         wait_until(lambda: len(sub.results()) >= 40, 30, "the spooled results and new ones")
         assert d.stop() == 0
         got = seqs_of(sub.results())
