@@ -60,6 +60,9 @@ class FrameMeta:
     captured_at: float  # wall clock, seconds since the epoch
     captured_mono: float  # time.monotonic() when the frame was read
     transform: Transform
+    # the camera's own clock in seconds: a file's playing time (frames read / its fps, across loops and
+    # reopens), whether it is read in real time or faster; for a live source, `captured_mono`
+    clock_s: float
 
 
 @dataclass
@@ -100,6 +103,7 @@ class Camera:
         self._ready: int | None = None
         self.stats = CameraStats()
         self._got_frames = False
+        self._played = 0  # frames read from a file source, across loops and reopens: its playing time
         self._last: tuple[np.ndarray, tuple[int, int] | None] | None = None  # newest frame offered, its source size
         self._thread = threading.Thread(target=self._run, name=f"camera-{cfg.name}", daemon=True)
 
@@ -242,18 +246,27 @@ class Camera:
             self._got_frames = True
             frame_no = index
             index += 1
+            clock = now
+            if is_file:  # a file's seconds are its own, however fast it is read
+                clock = self._played / native
+                self._played += 1
             if self.throttle.paused:
                 continue  # paused by the governor: keep reading (health), offer nothing
             gap = min_gap / self.throttle.fps_scale if min_gap else 0.0
             if now < next_keep - 0.25 * gap:
                 continue  # over the camera's (governed) fps cap; a quarter frame of jitter is tolerated
             next_keep = max(next_keep, now - 0.25 * gap) + gap
-            if not self._offer(frame, frame_no, now, source.scaled_from):
+            if not self._offer(frame, frame_no, now, source.scaled_from, clock):
                 break
         return "stopped", index > 0
 
     def _offer(
-        self, frame: np.ndarray, frame_no: int, now_mono: float, src_size: tuple[int, int] | None = None
+        self,
+        frame: np.ndarray,
+        frame_no: int,
+        now_mono: float,
+        src_size: tuple[int, int] | None = None,
+        clock_s: float | None = None,
     ) -> bool:
         wall = time.time()
         with self.cond:
@@ -274,7 +287,7 @@ class Camera:
             if self._ready is not None:
                 self._free.append(self._ready)
                 self.stats.drops += 1
-            self._meta[idx] = FrameMeta(frame_no, wall, now_mono, transform)
+            self._meta[idx] = FrameMeta(frame_no, wall, now_mono, transform, now_mono if clock_s is None else clock_s)
             self._last = (frame, src_size)
             self._ready = idx
             self.stats.frames += 1

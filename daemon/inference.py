@@ -357,7 +357,7 @@ class InferenceLoop:
         kept, skipped = [], []
         for cam, idx, meta in taken:
             gate = self.gates.get(cam.name)
-            if gate is None or gate.wants(cam.rows[idx], meta.captured_mono):
+            if gate is None or gate.wants(cam.rows[idx], meta.clock_s):
                 kept.append((cam, idx, meta))
             else:
                 skipped.append((cam, idx))

@@ -7,7 +7,9 @@ pixels moved. "Previous" is a running average of the frames (the background), so
 shows and one that stops fades into the background within a few dozen frames. A frame is inferred
 when it shows motion, for `hold_s` after the last one that did (so an object that stops is still seen,
 and its track can end), and every `keepalive_s` regardless (so a still object stays known). Frames
-skipped are counted per camera (telemetry: `cameras.<name>.skipped`).
+skipped are counted per camera (telemetry: `cameras.<name>.skipped`). The seconds are the camera's own:
+a file's playing time (so a recording read faster than real time is gated as it was filmed), a live
+camera's clock.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class MotionGate:
         return changed > self.cfg.min_area
 
     def wants(self, row: np.ndarray, now: float) -> bool:
-        """Whether to infer this frame (`now`: monotonic seconds); a frame not wanted is counted skipped."""
+        """Whether to infer this frame (`now`: the camera's clock, seconds); a frame not wanted is counted skipped."""
         if self.moved(row):
             self.motion_frames += 1
             self._active_until = now + self.cfg.hold_s
