@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -42,6 +43,19 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str, step: float 
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def seq_gaps(seqs: list[int]) -> str:
+    """What is wrong with a run's result numbers, or "": QoS 1 is at-least-once, so a redelivered
+    (duplicate or late) seq is allowed, a missing one is not."""
+    if not seqs:
+        return ""
+    missing = sorted(set(range(min(seqs), max(seqs) + 1)) - set(seqs))
+    if not missing:
+        return ""
+    late = [b for a, b in itertools.pairwise(seqs) if b < a]
+    dups = len(seqs) - len(set(seqs))
+    return f"seq {min(seqs)}-{max(seqs)}: {len(missing)} missing {missing[:20]}, {dups} duplicates, late {late[:20]}"
+
+
 class Broker:
     """A mosquitto process on 127.0.0.1 with a generated config; stop() and start() it at will."""
 
@@ -64,6 +78,10 @@ class Broker:
             lines.append("persistence false")
         self.conf.write_text("\n".join(lines) + "\n")
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        log = self.workdir / "broker.log"
+        return log.read_text(errors="replace")[-chars:] if log.exists() else ""
 
     def start(self) -> None:
         with open(self.workdir / "broker.log", "ab") as log:
