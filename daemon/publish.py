@@ -433,9 +433,7 @@ class Publisher(Session):
                 info.wait_for_publish(max(0.1, deadline - time.monotonic()))
             except (RuntimeError, ValueError):
                 logger.warning("mqtt: 'stopped' status not acknowledged before disconnecting")
-        self.client.disconnect()
-        self._net_stop.set()
-        self._net_thread.join(5.0)
+        self.disconnect()
         # paho opens a wake-up socket pair in reconnect() and closes it only in loop_stop() (which we do
         # not use: our own thread drives loop()) or when the client is garbage-collected; close it now.
         self.client._reset_sockets()

@@ -1,7 +1,11 @@
 """The device's MQTT session: one paho client, driven by our own supervised network thread.
 
 - The network thread calls paho's `loop()`, so it reports progress for the watchdog
-  (`network_alive`); a dead one is started again by the main loop (`restart_network`). Connection
+  (`network_alive`); a dead one is started again by the main loop (`restart_network`). It is the only
+  thread that touches the socket: paho, not running its own thread, would write a publish to the socket
+  in the publishing thread, concurrently with this one, and two threads writing one stream interleave
+  their packets (the broker then disconnects us for a malformed packet; with TLS, one SSL object is
+  used by two threads at once); so publishes are queued and the network thread is woken. Connection
   failures (refused, TLS, DNS) are logged once with the reason and retried with full-jitter backoff
   (a random wait up to 1 s doubling to `mqtt.reconnect_max_s`), so a fleet that lost its broker at the
   same instant does not knock again in step.
@@ -82,6 +86,10 @@ class Session:
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
         self.client.on_log = self._on_log
+        # registering a write callback stops paho from writing in the publishing thread (it queues the
+        # packet and wakes our network thread's select instead); see the module's docstring
+        self.client.on_socket_register_write = lambda client, userdata, sock: None
+        self._disconnected = threading.Event()  # our DISCONNECT was written (or the connection was lost)
         self._socket_error = ""
         self._net_thread = threading.Thread(target=self._network, name="mqtt-network", daemon=True)
 
@@ -105,6 +113,7 @@ class Session:
             self._socket_error = f"the broker refused the connection: {rc}"
             return
         self.connected = True
+        self._disconnected.clear()
         self.connects += 1
         self.last_error = ""
         logger.info(
@@ -125,6 +134,7 @@ class Session:
         if self.connected and not self._stop.is_set():
             logger.warning("mqtt: disconnected (%s); reconnecting with jittered backoff up to 60 s", rc)
         self.connected = False
+        self._disconnected.set()
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         self.inbox.dispatch(msg)
@@ -195,6 +205,18 @@ class Session:
             had_connack = False
             self._socket_error = ""
             self._net_stop.wait(backoff.next_s())
+
+    def disconnect(self, timeout_s: float = 2.0) -> None:
+        """Send DISCONNECT (so the broker drops our last will) and wait, up to `timeout_s`, for the network
+        thread to write it; then stop that thread."""
+        was_connected = self.connected
+        self.client.disconnect()
+        if not self._net_thread.is_alive():
+            self.client.loop_write()  # no network thread to write it: this one is the only writer
+        elif was_connected:
+            self._disconnected.wait(timeout_s)
+        self._net_stop.set()
+        self._net_thread.join(5.0)
 
     def network_alive(self) -> bool:
         return self._net_thread.is_alive() and time.monotonic() - self.last_net_progress < 10.0

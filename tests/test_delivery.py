@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import signal
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,6 +176,42 @@ def test_oversized_message_is_refused_locally(broker, subscribe, tmp_path: Path)
         assert not any(m.json().get("type") == "big" for m in sub.on("events"))
     finally:
         pub.stop()
+
+
+def test_publishing_threads_never_write_the_socket_themselves(broker, subscribe, tmp_path: Path) -> None:
+    """Snapshots, replies and telemetry are published from other threads than the spool's while the network
+    thread reads and writes: only the network thread may touch the socket, or two threads interleave their
+    packets in one stream (partial writes of big payloads) and the broker drops us for a malformed packet."""
+    sub = subscribe(broker, "edged/dev/#")
+    pub = Publisher(MqttConfig(host=broker.host, port=broker.port), SpoolConfig(commit_interval_ms=20),
+                    Spool(tmp_path / "s.db", 10**8, 3600), "dev", "edged/dev", "0" * 32, dict)  # fmt: skip
+    pub.start()
+    big = bytes(range(256)) * 1000  # 256 KB: the largest payload, more than a socket takes in one write
+    rounds = 40
+    not_sent: list[int] = []
+
+    def send(k: int) -> None:
+        for i in range(rounds):
+            if not pub.publish_direct(f"edged/dev/snapshot/cam{k}", big, qos=0):
+                not_sent.append(k)
+            pub.submit_event({"type": "tick", "thread": k, "i": i})
+
+    try:
+        wait_until(lambda: pub.connected, 10, "connected")
+        threads = [threading.Thread(target=send, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wait_until(lambda: len(sub.on("events")) >= 3 * rounds or pub.connects > 1, 20, "every spooled event")
+        assert pub.connects == 1 and not not_sent and "malformed" not in broker.log_tail(), broker.log_tail()
+        assert sorted((m.json()["thread"], m.json()["i"]) for m in sub.on("events")) == [
+            (k, i) for k in range(3) for i in range(rounds)
+        ]
+    finally:
+        pub.stop()
+    wait_until(lambda: "Client edged-dev disconnected." in broker.log_tail(), 10, "a clean disconnect")
+    wait_until(lambda: sub.on("status")[-1].json()["state"] == "stopped", 10, "stopped")  # and no last will after
 
 
 def test_unreachable_broker_backs_off(tmp_path: Path) -> None:
