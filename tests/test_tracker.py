@@ -83,7 +83,7 @@ def test_zones_in_pixels_and_normalised() -> None:
 
 
 def result(frame: int, dets: list[Detection], camera: str = "cam") -> Result:
-    meta = FrameMeta(frame, 1_000_000.0 + frame / 10, float(frame), Transform(1, 1, 0, 0, 640, 480))
+    meta = FrameMeta(frame, 1_000_000.0 + frame / 10, float(frame), Transform(1, 1, 0, 0, 640, 480), float(frame))
     return Result(camera, meta, dets, 1.0, float(frame), "m", 1)
 
 
