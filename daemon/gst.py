@@ -163,6 +163,9 @@ class GstSource:
         # scaler (in the appsink) when the source changes resolution keeps the size it was scaled from
         self._sizes: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self._sizes_lock = threading.Lock()
+        # what the probes (on GStreamer's streaming threads) compare and return, looked up once here: PyGObject
+        # resolves these lazily, which fails ("no attribute 'CAPS'") in a probe running at interpreter exit
+        self._caps_event, self._probe_ok, self._no_pts = gst.EventType.CAPS, gst.PadProbeReturn.OK, gst.CLOCK_TIME_NONE
         try:
             self.pipeline = gst.parse_launch(p.description)
         except glib.Error as exc:
@@ -245,10 +248,9 @@ class GstSource:
                     self.codec = caps.get_structure(0).get_name()
 
     def _on_caps(self, pad: Any, info: Any) -> Any:
-        gst = self._gst
         event = info.get_event()
-        if event.type != gst.EventType.CAPS:
-            return gst.PadProbeReturn.OK
+        if event.type != self._caps_event:
+            return self._probe_ok
         s = event.parse_caps().get_structure(0)
         ok_w, w = s.get_int("width")
         ok_h, h = s.get_int("height")
@@ -256,22 +258,22 @@ class GstSource:
         if ok_f and den and num:
             self.fps = num / den
         if not (ok_w and ok_h):
-            return gst.PadProbeReturn.OK
+            return self._probe_ok
         self._src_size = (w, h)
         if self._target_size is not None and self._size is not None:
             tw, th = self._target_size(w, h)
             fmt = ",format=BGRx" if self._nvmm else ""
-            self._size.set_property("caps", gst.Caps.from_string(f"video/x-raw{fmt},width={tw},height={th}"))
-        return gst.PadProbeReturn.OK
+            self._size.set_property("caps", self._gst.Caps.from_string(f"video/x-raw{fmt},width={tw},height={th}"))
+        return self._probe_ok
 
     def _on_buffer(self, _pad: Any, info: Any) -> Any:
         buf, src = info.get_buffer(), self._src_size
-        if buf is not None and src is not None and buf.pts != self._gst.CLOCK_TIME_NONE:
+        if buf is not None and src is not None and buf.pts != self._no_pts:
             with self._sizes_lock:
                 self._sizes[buf.pts] = src
                 while len(self._sizes) > SIZES_KEPT:
                     self._sizes.popitem(last=False)
-        return self._gst.PadProbeReturn.OK
+        return self._probe_ok
 
     def _size_of(self, buf: Any) -> tuple[int, int] | None:
         """The source size `buf` was scaled from: recorded by its timestamp as it entered the scaler, else
