@@ -25,7 +25,7 @@ import onnx
 import pytest
 
 from edged.cli import main as cli_main
-from edged.daemon import loader
+from edged.daemon import backends, loader
 from edged.daemon.backends.base import BatchSet, fixed_batches
 from edged.daemon.backends.tensorrt import TensorRTBackend
 from edged.daemon.config import load_config
@@ -164,10 +164,19 @@ def test_a_single_batch_source_with_a_golden_pair_builds(multi: Package, tmp_pat
 
 
 def test_build_engine_batch_subset_and_strongly_typed(
-    multi: Package, tmp_path: Path, building_tensorrt: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    multi: Package,
+    tmp_path: Path,
+    building_tensorrt: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(standin_trt, "__version__", "11.4.0", raising=False)
-    pkg = build_engine_package(multi.root, tmp_path / "b14", batches=(1, 4))
+    monkeypatch.setattr(backends, "tensorrt_unavailable_reason", lambda: None)  # no /dev/nvidia0 here
+    assert cli_main(["build-engine", str(multi.root), "--out", str(tmp_path / "b14"), "--batch", "1,4"]) == 0
+    out, err = capsys.readouterr()
+    assert "build-engine: batch 1 (2 of 2): model.b1.engine from model.b1.onnx" in err
+    assert "(fp32, batch 1,4, TensorRT 11.4.0" in out
+    pkg = open_package(tmp_path / "b14")
     assert asked(building_tensorrt) == [("model.onnx", (4, *SHAPE)), ("model.b1.onnx", (1, *SHAPE))]
     # TensorRT 11: every batch built at the model's own precision, strongly typed, no precision flags
     assert pkg.manifest.precision == "fp32" and {tuple(b["flags"]) for b in building_tensorrt} == {()}
