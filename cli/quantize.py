@@ -76,7 +76,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="TensorRT engine package from an ONNX model (on a GPU machine of the target type)",
         description="Build a fixed-batch TensorRT engine (FP16, or INT8 from a QDQ model made with "
         "`edged quantize --target tensorrt`) and package it with the facts it needs: TensorRT version, "
-        "compute capability, L4T release, platform, batch, device memory. The ONNX model rides along so a "
+        "compute capability, L4T release, platform, batch, device memory. A model with several fixed batches "
+        "(`edged model init --batch 1,4`) gets one engine per batch, each built with the same precision and "
+        "options (the daemon runs the smallest that covers the frames ready). The ONNX model rides along so a "
         "device that cannot load the engine can rebuild it. Needs tensorrt and pycuda (pip install "
         "'edged[tensorrt]' on top of JetPack's TensorRT).",
     )
@@ -117,6 +119,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--sparsity", action="store_true", help="use 2:4 structured-sparse weights where found (trtexec --sparsity)"
     )
     be.add_argument("--no-onnx", action="store_true", help="do not carry the ONNX model in the package")
+    be.add_argument(
+        "--batch",
+        help="build these of the model's fixed batches only, e.g. 1,4 (default: every batch it carries)",
+    )
     be.add_argument(
         "--calib",
         type=Path,
@@ -182,6 +188,7 @@ def _build_engine(args: argparse.Namespace) -> int:
         )
         return 1
     from edged.daemon.backends.trt_build import BuilderOptions
+    from edged.models.init import parse_batches
     from edged.quantize.engine import build_engine_package
 
     options = BuilderOptions(
@@ -201,11 +208,13 @@ def _build_engine(args: argparse.Namespace) -> int:
         carry_onnx=not args.no_onnx,
         calib=args.calib,
         options=options,
+        batches=parse_batches(args.batch) if args.batch else None,
         progress=lambda m: print(f"build-engine: {m}", file=sys.stderr, flush=True),
     )
     c = pkg.manifest.compatibility
     print(
-        f"build-engine: wrote {pkg.ref} ({pkg.manifest.precision}, TensorRT {c['tensorrt']}, "
-        f"sm {c['compute_capability']}, device memory {c['device_memory_bytes'] >> 20} MB) to {pkg.root}"
+        f"build-engine: wrote {pkg.ref} ({pkg.manifest.precision}, batch {','.join(map(str, pkg.batch_paths))}, "
+        f"TensorRT {c['tensorrt']}, sm {c['compute_capability']}, device memory {c['device_memory_bytes'] >> 20} "
+        f"MB) to {pkg.root}"
     )
     return 0

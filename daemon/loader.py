@@ -80,50 +80,43 @@ def resolve_package(cfg: Config) -> Package:
 def open_package_backend(cfg: Config, pkg: Package) -> Backend:
     """The package's backend, as the config asks: with model.build_on_device, an ONNX package runs on a
     TensorRT engine built here on first use (cached under <state_dir>/engines); else `open_backend`. A package
-    with several fixed batches (extra_batches) opens one backend per batch, as one `BatchSet`."""
+    with several fixed batches (extra_batches: ONNX models or TensorRT engines) opens one backend per batch, as
+    one `BatchSet`; built on the device, one engine per batch."""
     m = pkg.manifest
-    if m.extra_batches and not (cfg.model.build_on_device and m.kind == "onnx"):
-        if m.kind == "engine":
-            raise EngineLoadError(
-                f"{pkg.ref}: carries TensorRT engines at batches {list(m.batch_files)}; the tensorrt backend opens "
-                "one engine per package today: ship the largest batch alone (or the ONNX package with "
-                "model.build_on_device)"
-            )
-        opened: dict[int, Backend] = {}
-        try:
-            for b, path in pkg.batch_paths.items():
-                opened[b] = _open_file(cfg, pkg, path)
-        except Exception:
-            for backend in opened.values():
-                backend.close()
-            raise
-        return BatchSet(opened)
     if cfg.model.build_on_device and m.kind == "onnx":
-        if m.extra_batches:
-            logger.warning(
-                "%s: model.build_on_device builds the largest batch (%d) only; its smaller batches %s are not "
-                "used on TensorRT yet (every run is at the largest batch, padded)",
-                pkg.ref,
-                m.input.batch,
-                [e.batch for e in m.extra_batches],
-            )
-        reason = tensorrt_unavailable_reason()
-        if reason:
-            raise BackendError(f"model.build_on_device is set, but {reason}")
-        from .backends.tensorrt import TensorRTBackend, cached_engine
+        return _build_on_device(cfg, pkg)
+    if not m.extra_batches:
+        return _open_file(cfg, pkg, pkg.model_path)
+    opened: dict[int, Backend] = {}
+    try:
+        for b, path in pkg.batch_paths.items():
+            opened[b] = _open_file(cfg, pkg, path)
+    except Exception:
+        for backend in opened.values():
+            backend.close()
+        raise
+    return BatchSet(opened)
 
-        def progress(msg: str) -> None:
-            logger.info("%s", msg)
-            notify("EXTEND_TIMEOUT_USEC=120000000")  # a build takes minutes; keep systemd's start timeout away
 
-        # none configured: the builder picks what the model is (its own precision on a strongly typed TensorRT)
-        precision = cfg.model.build_precision
-        notify("STATUS=building a TensorRT engine for this device (first start only)")
-        engine, compatibility = cached_engine(
-            pkg.model_path, m.input.name, tuple(m.input.shape), precision, cfg.state_dir / "engines", progress
-        )
-        return TensorRTBackend(engine, compatibility, has_onnx=True)
-    return _open_file(cfg, pkg, pkg.model_path)
+def _build_on_device(cfg: Config, pkg: Package) -> Backend:
+    """model.build_on_device: a TensorRT engine per fixed batch of the ONNX package, built on first use."""
+    reason = tensorrt_unavailable_reason()
+    if reason:
+        raise BackendError(f"model.build_on_device is set, but {reason}")
+    from .backends.tensorrt import cached_engines, open_engines
+
+    def progress(msg: str) -> None:
+        logger.info("%s", msg)
+        notify("EXTEND_TIMEOUT_USEC=120000000")  # a build takes minutes; keep systemd's start timeout away
+
+    m = pkg.manifest
+    # none configured: the builder picks what the model is (its own precision on a strongly typed TensorRT)
+    precision = cfg.model.build_precision
+    notify("STATUS=building a TensorRT engine for this device (first start only)")
+    engines, compatibility = cached_engines(
+        pkg.batch_paths, m.input.name, tuple(m.input.shape), precision, cfg.state_dir / "engines", progress
+    )
+    return open_engines(engines, compatibility, has_onnx=True)
 
 
 def _open_file(cfg: Config, pkg: Package, path: Path) -> Backend:

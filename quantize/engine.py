@@ -6,6 +6,11 @@ capability and the L4T release). The plan file is TensorRT's own bytes, nothing 
 trtexec and DeepStream read it too; every fact about it goes into ``manifest.json``. The ONNX model
 rides along in the package (unless ``carry_onnx`` is false) so a device that cannot load the engine
 can say how to rebuild it.
+
+A source with several fixed batches (manifest ``extra_batches``) gives one engine per batch, each with one
+profile (min = opt = max): ``model.engine`` at the largest, ``model.b<N>.engine`` at each smaller one (listed
+in the engine package's ``extra_batches``), all with the same precision and builder options; the largest is
+built first, and an entropy calibration (``--calib``) runs once, its cache read by the smaller batches.
 """
 
 from __future__ import annotations
@@ -15,11 +20,12 @@ import platform
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from edged.daemon.backends.trt_build import BuilderOptions, Precision, build_engine
-from edged.errors import QuantizeError
+from edged.daemon.backends.trt_build import BuilderOptions, BuiltEngine, Precision, build_engine
+from edged.errors import Code, QuantizeError
 from edged.models.compat import l4t_release
-from edged.models.package import Package, publish_package, sha256_file
+from edged.models.package import Manifest, Package, publish_package, sha256_file
 
 from .frames import read_frames
 from .int8 import calibration_batches
@@ -39,17 +45,21 @@ def build_engine_package(
     calib: Path | None = None,
     calib_frames: int = 64,
     options: BuilderOptions | None = None,
+    batches: tuple[int, ...] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Package:
     """`options`: trtexec's builder options (optimization level, version-compatible, hardware-compatibility
     level, sparsity), recorded in the manifest: the compatibility they give under `compatibility`, all of
-    them under `source.builder`."""
+    them under `source.builder`. `batches`: which of the source's fixed batches get an engine (default: all);
+    `compatibility.device_memory_bytes` counts every engine (what the daemon's memory budget admits)."""
     opts = options or BuilderOptions()
     ensure_empty(out)
     with tempfile.TemporaryDirectory(prefix="edged-engine-") as tmp_dir:
         tmp = Path(tmp_dir)
         src = load_source(model, spec, tmp)
         m = src.manifest
+        onnx_files = _source_batches(m, src.model, (spec or src.model).parent, batches)
+        largest = max(onnx_files)
         # what the user asked, else what the build would pick on TensorRT 8.6-10.11 (from 10.12 the model's own,
         # strongly typed, which build_engine resolves); calibration needs an explicit int8 for a float model
         chosen: Precision = precision or ("int8" if m.precision == "int8" else "fp16")
@@ -57,63 +67,111 @@ def build_engine_package(
             raise QuantizeError(
                 f"{model}: DLA runs fp16 or int8 only (trtexec forces fp16 there): use --precision fp16"
             )
-        batches = None
+        calibration = None
         if chosen == "int8" and m.precision != "int8":
             if calib is None:
                 raise QuantizeError(
                     f"{model}: an int8 engine needs a QDQ model with its scales (`edged quantize --target "
                     "tensorrt`, recommended) or, as a fallback, --calib frames for TensorRT's entropy calibrator"
                 )
-            batches = calibration_batches(m.input, read_frames(calib, calib_frames, progress))
-        engine = tmp / "model.engine"
-        built = build_engine(
-            src.model,
-            engine,
-            m.input.name,
-            tuple(m.input.shape),
-            precision,
-            workspace_mb,
-            timing_cache,
-            dla_core,
-            progress,
-            calibration=batches,
-            calibration_cache=out.with_name(out.name + ".calib-cache") if batches else None,
-            options=opts,
-        )
-        (tmp / "labels.txt").write_text("\n".join(m.labels) + "\n")
-        files = {"model.engine": engine, "labels.txt": tmp / "labels.txt"}
-        if carry_onnx:
-            files["model.onnx"] = src.model
-        fields = m.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
-        if fields.pop("extra_batches", None) and progress is not None:
-            progress(
-                f"built batch {m.input.batch} only: the tensorrt backend opens one engine per package, so the "
-                f"smaller batches {[e.batch for e in m.extra_batches]} are not carried"
+            spec_at = m.input.model_copy(update={"shape": [largest, *m.input.shape[1:]]})
+            calibration = calibration_batches(spec_at, read_frames(calib, calib_frames, progress))
+        calib_cache = out.with_name(out.name + ".calib-cache") if calibration else None
+        built: dict[int, BuiltEngine] = {}
+        for i, b in enumerate(sorted(onnx_files, reverse=True)):  # the largest first: it calibrates
+            engine = tmp / ("model.engine" if b == largest else f"model.b{b}.engine")
+            if len(onnx_files) > 1 and progress is not None:
+                progress(f"batch {b} ({i + 1} of {len(onnx_files)}): {engine.name} from {onnx_files[b].name}")
+            if i and calib_cache is not None and not calib_cache.is_file():
+                raise QuantizeError(
+                    f"{calib_cache}: TensorRT wrote no calibration cache while building batch {largest}, so the "
+                    "smaller batches cannot share its scales; build with a QDQ model (`edged quantize --target "
+                    "tensorrt`)"
+                )
+            built[b] = build_engine(
+                onnx_files[b],
+                engine,
+                m.input.name,
+                (b, *m.input.shape[1:]),
+                built[largest].precision if i else precision,  # every batch as the largest was built
+                workspace_mb,
+                timing_cache,
+                dla_core,
+                progress,
+                calibration=calibration if i == 0 else None,
+                calibration_cache=calib_cache,
+                options=opts,
             )
+        (tmp / "labels.txt").write_text("\n".join(m.labels) + "\n")
+        files = {_name(b, largest, "engine"): e.path for b, e in built.items()}
+        files["labels.txt"] = tmp / "labels.txt"
+        if carry_onnx:
+            files |= {_name(b, largest, "onnx"): path for b, path in onnx_files.items()}
+        fields = m.model_dump(by_alias=True, exclude={"files", "golden", "extra_batches"}, exclude_none=True)
+        fields["input"]["shape"][0] = largest
+        if len(built) > 1:
+            fields["extra_batches"] = [{"batch": b, "file": _name(b, largest, "engine")} for b in sorted(built)[:-1]]
+        top = built[largest]
         fields.update(
             created=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             kind="engine",
             model_file="model.engine",
             labels_file="labels.txt",
-            precision=built.precision,
+            precision=top.precision,
             compatibility={
-                "tensorrt": built.tensorrt,
-                "compute_capability": built.compute_capability,
+                "tensorrt": top.tensorrt,
+                "compute_capability": top.compute_capability,
                 "l4t": l4t_release(),
                 "platform": platform.machine(),
                 "version_compatible": opts.version_compatible,
                 "hardware_compatibility": opts.hardware_compatibility,
-                "batch": m.input.batch,
-                "device_memory_bytes": built.device_memory_bytes,
+                "batch": largest,
+                "device_memory_bytes": sum(e.device_memory_bytes for e in built.values()),
                 "dla_core": dla_core,
             },
             source={
                 **m.source,
-                "onnx_sha256": sha256_file(src.model),
-                "build_seconds": round(built.seconds, 1),
+                "onnx_sha256": sha256_file(onnx_files[largest]),
+                "build_seconds": round(sum(e.seconds for e in built.values()), 1),
                 "builder": {**opts.record(), "workspace_mb": workspace_mb},
-                **({"dla": built.dla} if built.dla is not None else {}),
+                **({"dla": top.dla} if top.dla is not None else {}),
+                **({"engines": _engines(built, onnx_files)} if len(built) > 1 else {}),
             },
         )
         pkg = publish_package(out, fields, files)
     return pkg
+
+
+def _source_batches(m: Manifest, model: Path, base: Path, wanted: tuple[int, ...] | None) -> dict[int, Path]:
+    """The source's ONNX file per fixed batch to build (`wanted`, else all), each checked to exist."""
+    files = {b: model if b == m.input.batch else base / f for b, f in m.batch_files.items()}
+    if wanted:
+        missing = sorted(set(wanted) - set(files))
+        if missing:
+            raise QuantizeError(
+                f"--batch {','.join(map(str, sorted(set(wanted))))}: the model carries batches {sorted(files)}, not "
+                f"{missing} (`edged model init --batch` makes a package at other batches)"
+            )
+        files = {b: files[b] for b in wanted}
+    for b, path in files.items():
+        if not path.is_file():
+            raise QuantizeError(f"{path}: the model's batch-{b} file is missing", code=Code.NOT_FOUND)
+    return files
+
+
+def _name(batch: int, largest: int, ext: str) -> str:
+    return f"model.{ext}" if batch == largest else f"model.b{batch}.{ext}"
+
+
+def _engines(built: dict[int, BuiltEngine], onnx_files: dict[int, Path]) -> list[dict[str, Any]]:
+    """Each engine's own facts, smallest batch first (the manifest's totals add them up)."""
+    return [
+        {
+            "batch": b,
+            "onnx_sha256": sha256_file(onnx_files[b]),
+            "device_memory_bytes": e.device_memory_bytes,
+            "build_seconds": round(e.seconds, 1),
+            **({"dla": e.dla} if e.dla is not None else {}),
+        }
+        for b, e in sorted(built.items())
+    ]

@@ -112,8 +112,7 @@ def test_batch_set_runs_each_batch_and_checks_each_golden(built: dict[str, Any],
             assert value.shape[0] == 1 and np.array_equal(value[0], four[name][0]), name
         with pytest.raises(InferenceError, match=r"no model at batch 2 \(this package carries \[1, 4\]\)"):
             backend.infer({spec.name: x[:2]})
-    # one backend at the largest batch (what model.build_on_device builds for such a package) is checked and
-    # warmed up at that batch alone
+    # one backend at the largest batch alone (a single-batch backend) is checked and warmed up at that batch
     with OnnxRuntimeBackend(multi.model_path, threads=1) as largest:
         check_io(multi, largest)
         assert golden_check(multi, largest) == "golden check passed (4 outputs)"
@@ -206,25 +205,3 @@ def test_quantize_carries_every_batch(built: dict[str, Any], tmp_path: Path) -> 
         "--batch", "1,8", "--out", str(tmp_path / "bad"),
     )  # fmt: skip
     assert bad.returncode == 1 and "the largest must be the model's own batch 4" in bad.stderr, bad.stderr[-1000:]
-
-
-def test_an_engine_package_with_several_batches_is_refused_clearly(
-    built: dict[str, Any], broker: Any, demo: DemoAssets, tmp_path: Path
-) -> None:
-    """The manifest can describe engines per batch, but the tensorrt backend opens one engine per package:
-    such a package is refused at load, saying so, before TensorRT is touched."""
-    from edged.daemon.config import load_config
-    from edged.daemon.loader import open_package_backend
-
-    multi: Package = built["multi"]
-    fields = {k: v for k, v in json.loads(multi.manifest_bytes).items() if k not in ("files", "golden")}
-    fields |= {"kind": "engine", "model_file": "model.engine", "extra_batches": [{"batch": 1, "file": "b1.engine"}]}
-    (tmp_path / "model.engine").write_bytes(b"not a plan")
-    (tmp_path / "b1.engine").write_bytes(b"not a plan either")
-    pkg = write_package(
-        tmp_path / "engines", fields, {"model.engine": tmp_path / "model.engine", "b1.engine": tmp_path / "b1.engine"}
-    )
-    cams = [{"name": "cam0", "uri": "synthetic://?fps=5"}]
-    cfg = load_config(write_config(tmp_path / "c.yaml", base_config(broker, demo, tmp_path, cams)))
-    with pytest.raises(EngineLoadError, match=r"engines at batches \[1, 4\]; the tensorrt backend opens one engine"):
-        open_package_backend(cfg, pkg)

@@ -118,3 +118,44 @@ def test_build_on_device_without_tensorrt_fails_start_with_the_reason(
     d = start_daemon(write_config(tmp_path / "c.yaml", doc))
     assert d.proc.wait(60) == 1
     assert "model.build_on_device is set, but tensorrt backend unavailable" in d.output()
+
+
+@needs_trt
+def test_multi_batch_engine_package_runs_each_batch(demo: DemoAssets, tmp_path: Path) -> None:
+    """A `1,4` package -> `edged build-engine` -> one engine per batch, opened by the loader as one model: a
+    one-row feed runs the batch-1 engine and gives what the batch-4 engine gives for that row."""
+    import onnx
+
+    from edged.daemon.backends.base import BatchSet
+    from edged.daemon.config import load_config
+    from edged.daemon.loader import open_package_backend
+    from edged.models.rebatch import rebatch
+
+    src = demo.packages["blazeface-back"]
+    onnx.save(rebatch(onnx.load(str(src.model_path)), 1), str(tmp_path / "model.b1.onnx"))
+    fields = src.manifest.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
+    fields["extra_batches"] = [{"batch": 1, "file": "model.b1.onnx"}]
+    files = {"model.onnx": src.model_path, "model.b1.onnx": tmp_path / "model.b1.onnx"}
+    multi = write_package(tmp_path / "multi", fields, files | {"labels.txt": src.root / "labels.txt"})
+    out = tmp_path / "multi-trt"
+    r = edged_cli("build-engine", str(multi.root), "--out", str(out), timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "batch 1 (2 of 2): model.b1.engine" in r.stderr
+    pkg = verify_folder(out)
+    assert pkg.manifest.batch_files == {1: "model.b1.engine", 4: "model.engine"}
+    doc = base_config(Nowhere(), demo, tmp_path, [{"name": "a", "uri": "synthetic://?fps=5"}])
+    doc["model"]["package"] = str(out)
+    backend = open_package_backend(load_config(write_config(tmp_path / "c.yaml", doc)), pkg)
+    spec = pkg.manifest.input
+    batch = calibration_batches(spec, read_frames(demo.video, limit=spec.batch))[0]
+    with backend:
+        assert isinstance(backend, BatchSet) and backend.batches == (1, 4)
+        four, one = backend.infer({spec.name: batch}), backend.infer({spec.name: batch[:1]})
+        assert backend.memory_bytes == sum(backend.member(b).memory_bytes for b in (1, 4))
+    for name, ref in four.items():
+        assert one[name].shape == (1, *ref.shape[1:])
+        np.testing.assert_allclose(one[name][0], ref[0], rtol=0.05, atol=0.05 * float(np.abs(ref).max()))
+
+
+class Nowhere:
+    host, port = "127.0.0.1", 1

@@ -23,7 +23,7 @@ from edged.daemon.backends.trt_build import (  # noqa: E402
     _entropy_calibrator,
     _progress_monitor,
     build_engine,
-    cached_engine,
+    cached_engines,
     make_logger,
 )
 from edged.errors import EdgedError  # noqa: E402
@@ -84,7 +84,7 @@ def main() -> None:
     report["build_fp32"] = outcome(lambda: build_engine(onnx_fp32, tmp / "b", "input", shape, "fp32", modules=modules))
     # model.build_on_device with no build_precision: what the model is, as the loader asks it
     report["build_on_device"] = outcome(
-        lambda: cached_engine(onnx_fp32, "input", shape, None, tmp / "engines", modules=modules)
+        lambda: cached_engines({4: onnx_fp32}, "input", shape, None, tmp / "engines", modules=modules)
     )
     print(json.dumps(report))
 

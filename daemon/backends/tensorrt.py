@@ -25,11 +25,20 @@ import numpy as np
 from edged.errors import BackendError, EdgedError, EngineLoadError, InferenceError
 from edged.models.compat import check_engine
 
-from .base import TensorInfo
+from .base import Backend, BatchSet, TensorInfo
 from .trt_api import TrtApi, TrtModules, device_facts, load_modules, translate
-from .trt_build import BuiltEngine, Precision, build_engine, cached_engine, make_logger
+from .trt_build import BuiltEngine, Precision, build_engine, cached_engine, cached_engines, make_logger
 
-__all__ = ["BuiltEngine", "Precision", "TensorRTBackend", "build_engine", "cached_engine", "device_facts"]
+__all__ = [
+    "BuiltEngine",
+    "Precision",
+    "TensorRTBackend",
+    "build_engine",
+    "cached_engine",
+    "cached_engines",
+    "device_facts",
+    "open_engines",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +188,27 @@ class TensorRTBackend:
 
     def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+def open_engines(
+    engines: dict[int, Path],
+    compatibility: dict[str, Any],
+    has_onnx: bool = False,
+    modules: TrtModules | None = None,
+    root: Path = Path("/"),
+) -> Backend:
+    """One engine per fixed batch (batch -> its plan file) as one `BatchSet` (the engine alone when there is
+    one). They share the device's primary CUDA context (each retains it); when one fails to open, those already
+    open are closed and its `EngineLoadError` stands."""
+    opened: dict[int, Backend] = {}
+    try:
+        for b, path in sorted(engines.items()):
+            opened[b] = TensorRTBackend(path, compatibility, has_onnx, modules, root)
+    except BaseException:
+        for backend in opened.values():
+            backend.close()
+        raise
+    return next(iter(opened.values())) if len(opened) == 1 else BatchSet(opened)
 
 
 def _io(api: TrtApi, engine: Any) -> tuple[list[TensorInfo], list[TensorInfo]]:

@@ -27,7 +27,15 @@ from .trt_api import (
     translate,
 )
 
-__all__ = ["BuilderOptions", "BuiltEngine", "Precision", "build_engine", "cached_engine", "make_logger"]
+__all__ = [
+    "BuilderOptions",
+    "BuiltEngine",
+    "Precision",
+    "build_engine",
+    "cached_engine",
+    "cached_engines",
+    "make_logger",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -231,6 +239,32 @@ def cached_engine(
     build_engine(onnx_file, tmp, input_name, input_shape, precision, progress=progress, modules=m)
     tmp.replace(plan_file)  # a crash mid-build leaves a .partial, never a truncated .engine
     return plan_file, compatibility
+
+
+def cached_engines(
+    onnx_files: dict[int, Path],
+    input_name: str,
+    input_shape: tuple[int, ...],
+    precision: Precision | None,
+    cache_dir: Path,
+    progress: Callable[[str], None] | None = None,
+    modules: TrtModules | None = None,
+) -> tuple[dict[int, Path], dict[str, Any]]:
+    """`cached_engine` for each fixed batch of a package (`onnx_files`: batch -> its ONNX model; `input_shape`
+    at any batch): one engine per batch, the largest first, every one at the precision the largest resolves
+    to. Each is cached under its own key (its model's hash, its batch)."""
+    m = modules or load_modules()
+    say = progress or (lambda msg: logger.info("%s", msg))
+    order = sorted(onnx_files, reverse=True)
+    precision = precision or TrtApi(m.trt).default_precision(onnx_precision(onnx_files[order[0]]))
+    engines: dict[int, Path] = {}
+    compatibility: dict[str, Any] = {}
+    for i, b in enumerate(order):
+        if len(order) > 1:
+            say(f"engine for batch {b} ({i + 1} of {len(order)})")
+        shape = (b, *input_shape[1:])
+        engines[b], compatibility = cached_engine(onnx_files[b], input_name, shape, precision, cache_dir, progress, m)
+    return dict(sorted(engines.items())), compatibility
 
 
 def _entropy_calibrator(trt: Any, cuda: Any, batches: list[np.ndarray], cache_file: Path | None) -> Any:

@@ -21,6 +21,14 @@ def _builds() -> bool:
     return os.environ.get("TRT_STANDIN_BUILD") == "1"
 
 
+# What each build was asked, in order (tests clear it): the ONNX file parsed, the network's creation flags,
+# the builder flags set, the profile's shapes, whether a calibrator calibrated or read its cache.
+BUILDS: list[dict[str, Any]] = []
+# A stand-in plan: these bytes, then the profile's input name and shape as JSON (the engine deserialized from
+# it has that input and an output of as many rows), so an engine built at batch B reports batch B.
+PLAN_MAGIC = b"stand-in plan"
+
+
 def __getattr__(name: str) -> Any:
     if name == "__version__":
         return "8.5.2.2" if _fault() == "old_version" else "10.3.0"
@@ -80,10 +88,22 @@ class IProgressMonitor:
         pass
 
 
+class IInt8EntropyCalibrator2:
+    def __init__(self) -> None:
+        pass
+
+
 class _Engine:
     num_io_tensors = 2
     device_memory_size_v2 = 1 << 20
-    _tensors: ClassVar[dict[str, tuple[int, ...]]] = {"input": (4, 256, 256, 3), "output": (4, 896, 16)}
+
+    def __init__(self, plan: bytes = b"") -> None:
+        name, shape = "input", (4, 256, 256, 3)
+        if plan.startswith(PLAN_MAGIC) and len(plan) > len(PLAN_MAGIC):
+            name, dims = json.loads(plan[len(PLAN_MAGIC) :])
+            shape = tuple(dims)
+        self._input = name
+        self._tensors = {name: shape, "output": (shape[0], 896, 16)}
 
     def get_tensor_name(self, i: int) -> str:
         return list(self._tensors)[i]
@@ -95,7 +115,7 @@ class _Engine:
         return "float32"
 
     def get_tensor_mode(self, name: str) -> int:
-        return TensorIOMode.INPUT if name == "input" else TensorIOMode.OUTPUT
+        return TensorIOMode.INPUT if name == self._input else TensorIOMode.OUTPUT
 
     def create_execution_context(self) -> Any:
         return _Context()
@@ -138,7 +158,7 @@ class Runtime:
                 "plan->header.magicTag == rt::kPLAN_MAGIC_TAG failed.)",
             )
             return None
-        return _Engine()
+        return _Engine(bytes(plan))
 
 
 class _Layer:
@@ -150,6 +170,10 @@ class _Network:
     _layers: ClassVar[list[str]] = ["conv", "relu", "nms"]
     num_layers = 3
 
+    def __init__(self, flags: int) -> None:
+        self.flags = flags
+        self.onnx = ""
+
     def get_layer(self, i: int) -> _Layer:
         return _Layer(self._layers[i])
 
@@ -158,9 +182,10 @@ class OnnxParser:
     num_errors = 0
 
     def __init__(self, network: _Network, logger: ILogger) -> None:
-        pass
+        self._network = network
 
     def parse_from_file(self, path: str) -> bool:
+        self._network.onnx = path
         return True
 
 
@@ -170,23 +195,32 @@ class _TimingCache:
 
 
 class _Profile:
+    def __init__(self) -> None:
+        self.shapes: dict[str, tuple[tuple[int, ...], ...]] = {}
+
     def set_shape(self, name: str, *shapes: Any) -> None:
-        pass
+        self.shapes[name] = tuple(tuple(int(d) for d in s) for s in shapes)
 
 
 class _Config:
     default_device_type = DeviceType.GPU
     DLA_core = -1
     progress_monitor: Any = None
+    int8_calibrator: Any = None
+
+    def __init__(self) -> None:
+        self.flags: set[int] = set()
+        self.profiles: list[_Profile] = []
 
     def set_memory_pool_limit(self, pool: int, size: int) -> None:
         pass
 
     def set_flag(self, flag: int) -> None:
-        pass
+        self.flags.add(flag)
 
     def add_optimization_profile(self, profile: _Profile) -> int:
-        return 0
+        self.profiles.append(profile)
+        return len(self.profiles) - 1
 
     def create_timing_cache(self, data: bytes) -> _TimingCache:
         return _TimingCache()
@@ -209,7 +243,7 @@ class Builder:
             raise TypeError("pybind11::init(): factory function returned nullptr")
 
     def create_network(self, flags: int) -> _Network:
-        return _Network()
+        return _Network(flags)
 
     def create_builder_config(self) -> _Config:
         return _Config()
@@ -218,4 +252,24 @@ class Builder:
         return _Profile()
 
     def build_serialized_network(self, network: _Network, config: _Config) -> bytes:
-        return b"stand-in plan"
+        shapes = [(name, s) for p in config.profiles for name, s in p.shapes.items()]
+        record: dict[str, Any] = {
+            "onnx": network.onnx,
+            "network_flags": network.flags,
+            "flags": sorted(config.flags),
+            "profiles": [p.shapes for p in config.profiles],
+            "calibration": None,
+        }
+        calibrator = config.int8_calibrator
+        if calibrator is not None:  # as TensorRT does: its cache if it has one, else every batch, then the cache
+            if calibrator.read_calibration_cache():
+                record["calibration"] = "cache"
+            else:
+                n = 0
+                while calibrator.get_batch(["input"]) is not None:
+                    n += 1
+                calibrator.write_calibration_cache(b"stand-in calibration cache")
+                record["calibration"] = f"{n} batches"
+        BUILDS.append(record)
+        name, (_, opt, _) = shapes[0] if shapes else ("input", ((), (4, 256, 256, 3), ()))
+        return PLAN_MAGIC + json.dumps([name, list(opt)]).encode()
