@@ -74,7 +74,7 @@ def naive_child(
         infer_ms = (time.perf_counter() - t0) * 1000
         dets = decoder.decode(out, [t], opts)[0]
         seq += 1
-        r = Result("cam0", FrameMeta(n, captured, mono, t), dets, infer_ms, time.monotonic(), m.name, m.version)
+        r = Result("cam0", FrameMeta(n, captured, mono, t, mono), dets, infer_ms, time.monotonic(), m.name, m.version)
         client.publish(f"edged/{DEVICE}/results/cam0", json.dumps(result_payload(r, DEVICE, "0" * 32, seq)), qos=1)
         n += 1
     client.disconnect()
@@ -154,7 +154,7 @@ def stage_costs(video: Path, pkg: Any, backend: OnnxRuntimeBackend, port: int) -
     client.loop_start()
     r = Result(
         "cam0",
-        FrameMeta(0, time.time(), time.monotonic(), transforms[0]),
+        FrameMeta(0, time.time(), time.monotonic(), transforms[0], time.monotonic()),
         dets[0],
         1.0,
         time.monotonic(),
