@@ -28,27 +28,33 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from edged.errors import Code, EdgedError, EngineLoadError, PackageError, SwapError
-from edged.models.footprint import working_bytes
-from edged.models.package import GoldenSpec, Package
+from edged.errors import Code, EdgedError, SwapError
+from edged.models.package import Package
 from edged.models.store import Store
 from edged.models.storefiles import crash_at_env_step
-from edged.models.validate import Tensor, batch_spec, check_input
 from edged.protocol.ota import ModelRef
 from edged.protocol.schemas import MODEL_STATE_SCHEMA
 
+# the checks before a model serves, and probation's verdicts, live in their own modules; re-exported:
+# `from edged.daemon.swap import check_io, estimate_mb, output_verdict`
+from .admission import activation_mb as activation_mb
+from .admission import check_io as check_io
+from .admission import estimate_mb as estimate_mb
+from .admission import golden_check as golden_check
 from .backends import Backend
-from .backends.base import BatchSet, fixed_batches
 from .config import Config
 from .decoders import build_decoder
 from .governor import plan_swap
-from .inference import ActiveModel, InferenceLoop, OutputFigures, warm_up
+from .inference import ActiveModel, InferenceLoop, warm_up
+from .probation import LATENCY_MIN_BATCHES as LATENCY_MIN_BATCHES
+from .probation import MIN_BASELINE_DETECTIONS as MIN_BASELINE_DETECTIONS
+from .probation import Probation as Probation
+from .probation import output_verdict as output_verdict
+from .probation import probation_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -56,125 +62,6 @@ logger = logging.getLogger(__name__)
 MODEL_FAULTS = frozenset({Code.GOLDEN_MISMATCH, Code.GOLDEN_INVALID, Code.MODEL_LOAD_FAILED, Code.DECODER_MISMATCH})
 
 SWAP_STEPS = ("swap_loaded", "swap_flipped")
-LATENCY_MIN_BATCHES = 20  # batches on the new model before its median batch time is judged
-
-
-def check_io(pkg: Package, backend: Backend) -> None:
-    """The loaded model's input against the manifest (name, fixed shape, dtype; models/validate.py), at each of
-    the package's fixed batches."""
-    spec = pkg.manifest.input
-    paths = pkg.batch_paths
-    try:
-        # the batches the backend runs (a TensorRT engine built on the device for a several-batch package: the
-        # largest only)
-        for b in fixed_batches(backend, spec.batch):
-            member = backend.member(b) if isinstance(backend, BatchSet) else backend
-            inputs = [Tensor(t.name, t.shape, t.dtype) for t in member.inputs]
-            check_input(batch_spec(spec, b), inputs, str(paths.get(b, pkg.model_path)))
-    except PackageError as exc:
-        raise EngineLoadError(str(exc)) from exc
-
-
-def golden_check(pkg: Package, backend: Backend) -> str | None:
-    """Run the package's golden input; raise SwapError(golden_mismatch) when an output is off.
-    Returns what was checked, in words, or None when the package has no golden pair."""
-    g = pkg.manifest.golden
-    if g is None:
-        return None
-    spec = pkg.manifest.input
-    try:
-        x = np.load(pkg.root / g.input, allow_pickle=False)
-        expected = np.load(pkg.root / g.output, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise SwapError(f"{pkg.ref}: golden files unreadable: {exc}", code=Code.GOLDEN_INVALID) from exc
-    if list(x.shape) != list(spec.shape) or x.dtype != np.dtype(spec.dtype):
-        raise SwapError(
-            f"{pkg.ref}: golden input is {x.dtype}{list(x.shape)}, the model takes {spec.dtype}{spec.shape}",
-            code=Code.GOLDEN_INVALID,
-        )
-    batches = fixed_batches(backend, spec.batch)
-    for b in batches:  # each fixed batch the backend runs, on the golden input's first rows
-        _golden_outputs(pkg, g, backend.infer({spec.name: x[:b]}), expected, b)
-    return f"golden check passed ({len(expected.files)} outputs" + (
-        f", at batches {list(batches)})" if len(batches) > 1 else ")"
-    )
-
-
-def _golden_outputs(pkg: Package, g: GoldenSpec, got: dict[str, np.ndarray], expected: Any, rows: int) -> None:
-    at = f" at batch {rows}" if rows != pkg.manifest.input.batch else ""
-    for name in expected.files:
-        ref = expected[name][:rows]
-        out = got.get(name)
-        if out is None or out.shape != ref.shape:
-            raise SwapError(
-                f"{pkg.ref}: golden output {name!r}{at} is {None if out is None else list(out.shape)}, expected "
-                f"{list(ref.shape)}",
-                code=Code.GOLDEN_MISMATCH,
-            )
-        diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
-        off = diff > g.atol + g.rtol * np.abs(ref.astype(np.float64))
-        if off.any():
-            raise SwapError(
-                f"{pkg.ref}: golden check failed{at}: output {name!r} has {int(off.sum())} of {off.size} values off "
-                f"by up to {float(diff.max()):.4g} (atol {g.atol:g}, rtol {g.rtol:g})",
-                code=Code.GOLDEN_MISMATCH,
-            )
-
-
-def activation_mb(pkg: Package) -> float:
-    """A model's working memory while a batch runs, before it is loaded: a TensorRT engine's device memory as
-    its manifest records it (`compatibility.device_memory_bytes`, written by `edged build-engine`), an ONNX
-    graph's peak of intermediate tensors times ONNX Runtime's arena factor (edged.models.footprint)."""
-    m = pkg.manifest
-    if m.kind == "engine":
-        recorded = m.compatibility.get("device_memory_bytes")
-        return recorded / 2**20 if isinstance(recorded, int) and recorded > 0 else 0.0
-    return sum(working_bytes(p) for p in pkg.batch_paths.values()) / 2**20
-
-
-def estimate_mb(pkg: Package) -> float:
-    """A model's memory before it is loaded (what admit() and plan_swap() count): its files, one batch of input
-    and its working memory (activation_mb), which grows with the batch; every fixed batch it carries counts
-    (each is a session of its own). An engine whose manifest records its `device_memory_bytes` counts that
-    instead of its file: the record already holds the weights (the plan)."""
-    spec = pkg.manifest.input
-    row = int(np.prod(spec.shape[1:])) * np.dtype(spec.dtype).itemsize
-    recorded = pkg.manifest.kind == "engine" and activation_mb(pkg) > 0
-    total = 0
-    for b, path in pkg.batch_paths.items():
-        total += (0 if recorded else path.stat().st_size) + b * row
-    return total / 2**20 + activation_mb(pkg)
-
-
-@dataclass
-class Probation:
-    version: int
-    since_mono: float
-    baseline_ms: float | None
-    start_batches: int  # the model's batch count when probation began (0 after a flip)
-    # what the version before output on the same cameras (a hot swap; unknown after a restart)
-    baseline_output: OutputFigures | None = None
-
-
-MIN_BASELINE_DETECTIONS = 20  # a collapse is judged only against an old window that saw at least this many
-
-
-def output_verdict(before: OutputFigures, after: OutputFigures, ratio: float, frames: int) -> str:
-    """Why the new version's output is implausible next to the old one's on the same cameras, or "".
-
-    `before` is the old version's output over its newest `frames` rows just before the swap (the same
-    scene, minutes apart), `after` the new version's since; judged once both have `frames` rows. A rate of
-    detections per frame under 1/`ratio` of the old one's (it suddenly detects nothing) counts only when
-    the old window held at least MIN_BASELINE_DETECTIONS detections: an empty scene judges nothing. Over
-    `ratio` times it and at least one per frame (it suddenly detects everything; an old rate under 0.1
-    counts as 0.1)."""
-    if before.rows < frames or after.rows < frames:
-        return ""
-    if before.detections >= MIN_BASELINE_DETECTIONS and after.rate < before.rate / ratio:
-        return f"output collapse: {after} vs {before} before (under 1/{ratio:g})"
-    if after.rate >= 1.0 and after.rate > max(before.rate, 0.1) * ratio:
-        return f"output explosion: {after} vs {before} before (over x{ratio:g})"
-    return ""
 
 
 class ModelManager:
@@ -266,12 +153,7 @@ class ModelManager:
             try:
                 mode, gap_ms = self._load_and_flip(pkg, stage)
             except EdgedError as exc:
-                if exc.code in (
-                    Code.GOLDEN_MISMATCH,
-                    Code.GOLDEN_INVALID,
-                    Code.MODEL_LOAD_FAILED,
-                    Code.DECODER_MISMATCH,
-                ):
+                if exc.code in MODEL_FAULTS:
                     self.store.mark_bad(m.name, m.version)
                 if not stage.is_relative_to(self.store.root):  # (a crash's leftover under versions/ stays)
                     shutil.rmtree(stage, ignore_errors=True)  # never activated: its staged copy goes now
@@ -430,25 +312,7 @@ class ModelManager:
         if a is None or a.version != p.version:
             return
         cfg = self.cfg.model
-        verdict = ""
-        if a.errors:
-            verdict = f"{a.errors} inference/decoding error(s) on probation"
-        elif (
-            p.baseline_ms
-            and cfg.probation_latency_ratio
-            and a.batches >= min(LATENCY_MIN_BATCHES, max(1, cfg.probation_batches))
-        ):  # judged no later than the commit could come
-            median = a.cost_ms.percentiles((50,)).get("p50", 0.0)
-            if median > p.baseline_ms * cfg.probation_latency_ratio:
-                how = "CPU time" if a.backend.cpu_bound else "wall time"
-                verdict = (
-                    f"latency regression: median batch {median:.1f} ms vs {p.baseline_ms:.1f} ms before "
-                    f"({how}; over x{cfg.probation_latency_ratio:g})"
-                )
-        elif p.baseline_output is not None and cfg.probation_output_ratio:
-            verdict = output_verdict(
-                p.baseline_output, a.output_figures(), cfg.probation_output_ratio, cfg.probation_output_frames
-            )
+        verdict = probation_verdict(p, a, cfg)
         if verdict:
             self.probation = None
             self.submit(self.rollback, verdict, Code.PROBATION_FAILED)

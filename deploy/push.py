@@ -324,13 +324,22 @@ class Pusher:
                 if d.state == "offered":
                     d.state = OtaState.ACCEPTED
 
-    def _serve(self, d: Device, doc: dict[str, Any]) -> None:
+    def _chunk_request(self, doc: dict[str, Any]) -> tuple[str, int, int] | None:
+        """The (file, offset, length) a device asks of this transfer; None for another transfer's request or
+        one outside the declared sizes (a device only asks inside them: anything else is not ours to answer)."""
         if doc.get("transfer") != self.transfer:
-            return
+            return None
         name, offset, length = str(doc.get("file")), int(doc.get("offset", -1)), int(doc.get("length", 0))
         entry = self.manifest.files.get(name)
         if entry is None or offset < 0 or length <= 0 or length > MAX_CHUNK or offset + length > entry.size:
-            return  # a device only asks inside the declared sizes; anything else is not ours to answer
+            return None
+        return name, offset, length
+
+    def _serve(self, d: Device, doc: dict[str, Any]) -> None:
+        request = self._chunk_request(doc)
+        if request is None:
+            return
+        name, offset, length = request
         with open(self.files[name], "rb") as f:
             f.seek(offset)
             data = f.read(length)

@@ -37,18 +37,12 @@ or another rollout's state; 3 aborted (over the threshold); 130 stopped (resume 
 
 from __future__ import annotations
 
-import fcntl
 import functools
-import hashlib
-import itertools
-import json
 import math
-import os
 import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, TextIO
@@ -57,7 +51,6 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edged.errors import Code, EdgedError
-from edged.models.storefiles import read_head, write_atomic
 from edged.protocol import topics
 from edged.protocol.client import MqttSettings
 from edged.protocol.ota import group_offer_payload, offer_args
@@ -66,165 +59,18 @@ from .mirror import Mirror
 from .push import Device, Wait, report
 from .rollout_pusher import RolloutPusher
 
-SCHEMA = "edged.rollout/1"
-SAVE_EVERY_S = 0.5
-OK = ("committed", "unchanged")
-FAILED = ("rejected", "failed", "rolled_back", "timed_out")
+# the plan and the state file live in rollout_state.py; re-exported: `from edged.deploy.rollout import plan_waves`
+from .rollout_state import FAILED, OK, Rollout, RolloutError, open_rollout, running_lock
+from .rollout_state import SAVE_EVERY_S as SAVE_EVERY_S
+from .rollout_state import SCHEMA as SCHEMA
+from .rollout_state import allowed_failures as allowed_failures
+from .rollout_state import default_state_path as default_state_path
+from .rollout_state import new_rollout as new_rollout
+from .rollout_state import parse_waves as parse_waves
+from .rollout_state import plan_waves as plan_waves
+
 EXIT_ABORTED = 3
 EXIT_STOPPED = 130
-
-
-class RolloutError(EdgedError):
-    """A rollout's state cannot be used (another package's, aborted, unreadable)."""
-
-
-def parse_waves(text: str) -> list[float]:
-    """``1,10,50,100`` -> cumulative percentages, increasing, ending at 100 (added when missing)."""
-    try:
-        waves = [float(p) for p in text.split(",") if p.strip()]
-    except ValueError as exc:
-        raise ValueError(f"--waves {text!r}: percentages separated by commas, e.g. 1,10,50,100") from exc
-    if not waves or any(not 0 < p <= 100 for p in waves) or any(b <= a for a, b in itertools.pairwise(waves)):
-        raise ValueError(f"--waves {text!r}: increasing percentages in (0, 100], e.g. 1,10,50,100")
-    return waves if waves[-1] == 100 else [*waves, 100.0]
-
-
-def allowed_failures(spec: str, n: int) -> int:
-    """``--max-failures``: ``3`` (devices) or ``5%`` (of the `n` devices, rounded down)."""
-    try:
-        if spec.endswith("%"):
-            pct = float(spec[:-1])
-            if not 0 <= pct <= 100:
-                raise ValueError(spec)
-            return math.floor(n * pct / 100)
-        count = int(spec)
-        if count < 0:
-            raise ValueError(spec)
-        return count
-    except ValueError as exc:
-        raise ValueError(f"--max-failures {spec!r}: a count (3) or a percentage of the devices (5%)") from exc
-
-
-def plan_waves(targets: list[str], canary: int, waves: list[float]) -> list[list[str]]:
-    """The devices of each wave: `canary` first, then cumulative percentages of the rest (none empty)."""
-    plan = [targets[:canary]] if 0 < canary < len(targets) else []
-    rest = targets[len(plan[0]) :] if plan else targets
-    done = 0
-    for pct in waves:
-        upto = min(len(rest), max(done + 1, math.ceil(len(rest) * pct / 100)))
-        if upto > done:
-            plan.append(rest[done:upto])
-            done = upto
-    return plan
-
-
-def default_state_path(ref: str, group: str | None, devices: list[str], broker: str) -> Path:
-    """One file per package, target and broker (`broker`: ``host_port``): the same command finds it again."""
-    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    target = (
-        f"group-{group}" if group else "devices-" + hashlib.sha256(",".join(sorted(devices)).encode()).hexdigest()[:8]
-    )
-    return base / "edged" / "rollouts" / f"{ref}-{target}-{broker}.json"
-
-
-@dataclass
-class Rollout:
-    path: Path
-    package: str
-    manifest_sha256: str
-    ref: str
-    transfer: str
-    group: str | None
-    devices: list[str]
-    waves: list[float]
-    canary: int
-    max_failures: str
-    wait: Wait
-    plan: list[list[str]] = field(default_factory=list)
-    offline: list[str] = field(default_factory=list)
-    outcomes: dict[str, dict[str, str]] = field(default_factory=dict)
-    wave: int = 0
-    status: str = "new"  # new, running, stopped, aborted, done
-    urls: dict[str, list[str]] = field(default_factory=dict)  # --mirror: where the files are (kept for a resume)
-    reason: str = ""
-    _saved: float = 0.0
-    beside: bool = False  # not saved: another `edged push` runs this package to these devices now
-
-    def doc(self) -> dict[str, Any]:
-        keys = ["package", "manifest_sha256", "ref", "transfer", "group", "devices", "waves", "canary"]
-        keys += ["max_failures", "wait", "plan", "offline", "outcomes", "wave", "status", "reason", "urls"]
-        return {"schema": SCHEMA, **{k: getattr(self, k) for k in keys}, "saved_at": time.time()}
-
-    def save(self, force: bool = True) -> None:
-        now = time.monotonic()
-        if not force and now - self._saved < SAVE_EVERY_S:
-            return
-        self._saved = now
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path, json.dumps(self.doc(), indent=1).encode())
-
-    @classmethod
-    def load(cls, path: Path) -> Rollout:
-        try:
-            doc = json.loads(path.read_text())
-            if doc.get("schema") != SCHEMA:
-                raise ValueError(f"schema {doc.get('schema')!r}, not {SCHEMA}")
-            fields = {k: v for k, v in doc.items() if k not in ("schema", "saved_at")}
-            return cls(path=path, **fields)
-        except (OSError, ValueError, TypeError) as exc:
-            raise RolloutError(f"{path}: not a rollout's state: {exc}", code=Code.INVALID_ARGUMENTS) from exc
-
-    def record(self, devices: list[Device]) -> None:
-        for d in devices:
-            self.outcomes[d.id] = {"state": d.state, "error": d.error}
-
-    def state_of(self, dev: str) -> str:
-        return self.outcomes.get(dev, {}).get("state", "")
-
-    def failures(self) -> list[str]:
-        return [dev for dev, o in self.outcomes.items() if o.get("state") in FAILED]
-
-    def targets(self) -> list[str]:
-        return [dev for wave in self.plan for dev in wave]
-
-
-def open_rollout(state: Path, fresh: Rollout, named: bool, out: TextIO) -> Rollout:
-    """The rollout at `state` when it is this package's (a resume), else `fresh`; RolloutError when the file
-    is an aborted rollout, or another package's where the operator `named` the file (the default file of
-    another package of this name and version is replaced: a rebuilt package starts a new rollout)."""
-    if not state.exists():
-        return fresh
-    old = Rollout.load(state)
-    if old.status == "done":  # finished: running it again is a new rollout (current devices say unchanged)
-        print(f"push: the rollout in {state} finished; a new one replaces it", file=out)
-        return fresh
-    if old.manifest_sha256 != fresh.manifest_sha256 and not named:
-        print(f"push: {state} was the rollout of another build of {old.ref}: a new rollout replaces it", file=out)
-        return fresh
-    if old.manifest_sha256 != fresh.manifest_sha256:
-        raise RolloutError(
-            f"{state} is the rollout of {old.ref} (another package); name another --state or remove it",
-            code=Code.INVALID_ARGUMENTS,
-        )
-    if old.status == "aborted":
-        raise RolloutError(
-            f"{state}: this rollout was aborted ({old.reason}); remove the file to start it over",
-            code=Code.INVALID_ARGUMENTS,
-        )
-    return old
-
-
-def new_rollout(
-    package: Path, group: str | None, devices: list[str], waves: list[float], canary: int, max_failures: str, wait: Wait
-) -> tuple[str, str, Rollout]:
-    """(manifest sha256, ref, a fresh rollout without a path)."""
-    manifest_bytes, sig_bytes = read_head(package)
-    sha = hashlib.sha256(manifest_bytes + sig_bytes).hexdigest()  # the signed package's identity
-    m = json.loads(manifest_bytes)
-    ref = f"{m.get('name')}@{m.get('version')}"
-    transfer = sha[:8] + os.urandom(4).hex()
-    r = Rollout(Path(), str(package.resolve()), sha, ref, transfer, group, devices, waves, canary, max_failures, wait)
-    return sha, ref, r
 
 
 def _stop_on_sigterm() -> Any:
@@ -457,7 +303,7 @@ def start_rollout(
     lock: IO[str] | None = None
     try:
         if resume is not None:
-            lock = _running_lock(resume)
+            lock = running_lock(resume)
             r = Rollout.load(resume)
             if r.status in ("aborted", "done"):
                 why = f"was aborted ({r.reason})" if r.status == "aborted" else "finished (push again for a new one)"
@@ -469,14 +315,14 @@ def start_rollout(
             _, ref, fresh = new_rollout(package, group, devices, parse_waves(waves), canary, max_failures, wait)
             fresh.path = state or default_state_path(ref, group, devices, f"{mqtt_cfg.host}_{mqtt_cfg.port}")
             try:
-                lock = _running_lock(fresh.path)
+                lock = running_lock(fresh.path)
             except RolloutError:
                 if state is not None:
                     raise
                 # another operator pushes this package to these devices now: a rollout of its own (the device
                 # runs one transfer; this offer joins it, and each push reports what the device did)
                 fresh.path = fresh.path.with_name(f"{fresh.path.stem}-{fresh.transfer}.json")
-                lock = _running_lock(fresh.path)
+                lock = running_lock(fresh.path)
                 fresh.beside = True
             r = open_rollout(fresh.path, fresh, state is not None, out)
     except (ValueError, RolloutError) as exc:
@@ -488,16 +334,3 @@ def start_rollout(
         return run_rollout(mqtt_cfg, r, timeout_s, discover_s, wait_offline_s, out, mirror)
     finally:
         lock.close()  # the lock goes with the process anyway (a SIGKILL frees it too)
-
-
-def _running_lock(state: Path) -> IO[str]:
-    """An exclusive lock on ``<state>.lock`` held while this process runs the rollout: a rollout is resumed by
-    one `edged push` at a time (RolloutError while another process holds it)."""
-    state.parent.mkdir(parents=True, exist_ok=True)
-    f = open(state.with_name(state.name + ".lock"), "a")  # noqa: SIM115  (held until the rollout ends)
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        raise RolloutError(f"{state}: an edged push runs this rollout now; wait for it, or stop it first") from None
-    return f

@@ -31,7 +31,7 @@ from edged.protocol import topics
 from edged.protocol.client import MqttSettings
 from edged.protocol.ota import OtaState, chunk
 
-from .push import MAX_CHUNK, TAKE_BACK_S, Device, Progress, Pusher, Wait
+from .push import TAKE_BACK_S, Device, Progress, Pusher, Wait
 
 MAX_OUT_BYTES = 32 << 20  # chunk bytes handed to paho and not yet written to the socket
 MAX_PENDING_PER_DEVICE = 32  # chunk requests waiting per device (a device asks `ota.window` at a time)
@@ -251,12 +251,10 @@ class RolloutPusher(Pusher):
     # ---- the bounded sender ----------------------------------------------------------------
     def _serve(self, d: Device, doc: dict[str, Any]) -> None:
         """paho's thread: check the request and queue its descriptor (the bytes are read by the sender)."""
-        if doc.get("transfer") != self.transfer:
+        request = self._chunk_request(doc)
+        if request is None:
             return
-        name, offset, length = str(doc.get("file")), int(doc.get("offset", -1)), int(doc.get("length", 0))
-        entry = self.manifest.files.get(name)
-        if entry is None or offset < 0 or length <= 0 or length > MAX_CHUNK or offset + length > entry.size:
-            return
+        name, offset, length = request
         with self._send_cv:
             if self._pending[d.id] >= MAX_PENDING_PER_DEVICE:
                 self.dropped_requests += 1  # the device asks again after ota.retry_s

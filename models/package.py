@@ -26,6 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from edged.errors import Code, PackageError
 
+from .labels import package_labels
+from .labels import read_labels as read_labels
 from .signing import MAX_SIG_BYTES, SIG_FILE
 
 SCHEMA = "edged.model/1"
@@ -375,39 +377,13 @@ def verify_folder(root: Path) -> Package:
     return Package(root=root, manifest=_with_labels_file(root, manifest), manifest_bytes=data)
 
 
-def read_labels(path: Path) -> list[str]:
-    """One label per line; blank lines at the end are not labels."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PackageError(f"{path}: cannot read the labels: {exc}", code=Code.LABELS_INVALID) from exc
-    lines = [line.strip() for line in text.splitlines()]
-    while lines and not lines[-1]:
-        lines.pop()
-    return lines
-
-
 def _with_labels_file(root: Path, manifest: Manifest) -> Manifest:
-    """The manifest with `labels` taken from its (verified) labels file when it lists none itself; a
-    labels file that contradicts the manifest's own list is refused, naming the first difference."""
+    """The manifest with `labels` taken from its (verified) labels file when it lists none itself
+    (labels.py: a labels file that contradicts the manifest's own list is refused)."""
     if manifest.labels_file is None:
         return manifest
-    path = root / manifest.labels_file
-    from_file = read_labels(path)
-    if not manifest.labels:
-        return manifest.model_copy(update={"labels": from_file}) if from_file else manifest
-    if from_file and from_file != manifest.labels:
-        first = next(
-            (i for i, (a, b) in enumerate(zip(from_file, manifest.labels, strict=False)) if a != b),
-            min(len(from_file), len(manifest.labels)),
-        )
-        raise PackageError(
-            f"{path}: {len(from_file)} labels, the manifest lists {len(manifest.labels)}; they differ at line "
-            f"{first + 1} ({from_file[first] if first < len(from_file) else '<none>'!r} vs "
-            f"{manifest.labels[first] if first < len(manifest.labels) else '<none>'!r})",
-            code=Code.LABELS_MISMATCH,
-        )
-    return manifest
+    labels = package_labels(root / manifest.labels_file, manifest.labels)
+    return manifest if labels == manifest.labels else manifest.model_copy(update={"labels": labels})
 
 
 def write_package(root: Path, manifest_fields: dict[str, Any], files: dict[str, Path]) -> Package:

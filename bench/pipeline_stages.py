@@ -1,0 +1,174 @@
+"""The measurements of bench/pipeline.py: the engine alone (raw_throughput on a real batch), each stage
+alone (stage_costs), and what runs in spawned children (a fresh interpreter, like the daemon on a device):
+the daemon (daemon_child), the hand-written loop (naive_child), and the camera side's load (load_child)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+from pipeline_batch import SleepSpec, load_sleep, sleep_backend
+from pipeline_rig import DEVICE
+
+from edged.daemon.app import Daemon
+from edged.daemon.backends import OnnxRuntimeBackend
+from edged.daemon.capture import FrameMeta
+from edged.daemon.config import load_config
+from edged.daemon.decoders import DecodeOptions, build_decoder
+from edged.daemon.inference import Result
+from edged.daemon.preprocess import Preprocessor
+from edged.daemon.publish import result_payload
+from edged.protocol.client import make_client
+
+
+def daemon_child(cfg_path: str, seconds: float, sleep: SleepSpec | None) -> None:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    cfg = load_config(cfg_path)
+    backend = sleep_backend(sleep) if sleep is not None else None
+    Daemon(cfg, backend).run(duration_s=seconds, install_signals=False)
+
+
+def naive_child(
+    video: str,
+    package: str,
+    port: int,
+    seconds: float,
+    kind: str,
+    engine_batch: int,
+    sleep: SleepSpec | None,
+) -> None:
+    """read -> preprocess -> infer -> decode -> publish, one frame at a time."""
+    from edged.models.package import open_package
+
+    pkg = open_package(package)
+    m = pkg.manifest
+    if kind == "sleep" and sleep is not None:
+        backend: Any = load_sleep(sleep[0], sleep[1], engine_batch, sleep[2])
+    else:
+        backend = OnnxRuntimeBackend(pkg.model_path, threads=1)
+    spec = m.input.model_copy(update={"shape": [engine_batch, *m.input.shape[1:]]})
+    decoder = build_decoder(m.decoder, spec, m.labels, {o.name: o.shape for o in backend.outputs})
+    pre = Preprocessor(spec)
+    batch = np.zeros(spec.shape, np.float32)
+    client = make_client(load_config_stub(port), "bench-naive")
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    cap = cv2.VideoCapture(video)
+    opts = DecodeOptions(score_threshold=0.7)
+    seq, n, end = 0, 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        ok, frame = cap.read()
+        if not ok:
+            cap.set(cv2.CAP_PROP_POS_FRAMES, 0)
+            continue
+        captured, mono = time.time(), time.monotonic()
+        t = pre.run(frame, batch[0])
+        t0 = time.perf_counter()
+        out = backend.infer({spec.name: batch})
+        infer_ms = (time.perf_counter() - t0) * 1000
+        dets = decoder.decode(out, [t], opts)[0]
+        seq += 1
+        r = Result("cam0", FrameMeta(n, captured, mono, t, mono), dets, infer_ms, time.monotonic(), m.name, m.version)
+        client.publish(f"edged/{DEVICE}/results/cam0", json.dumps(result_payload(r, DEVICE, "0" * 32, seq)), qos=1)
+        n += 1
+    client.disconnect()
+    client.loop_stop()
+
+
+def load_config_stub(port: int) -> Any:
+    from edged.daemon.config import MqttConfig
+
+    return MqttConfig(host="127.0.0.1", port=port, max_inflight=1000)
+
+
+def load_child(video: str, package: str, stop: Any) -> None:
+    """The camera side's work alone, flat out on one core: decode the video and preprocess it."""
+    from edged.models.package import open_package
+
+    pre = Preprocessor(open_package(package).manifest.input)
+    row = pre.new_row()
+    cap = cv2.VideoCapture(video)
+    while not stop.is_set():
+        ok, frame = cap.read()
+        if not ok:
+            cap.set(cv2.CAP_PROP_POS_FRAMES, 0)
+            continue
+        pre.run(frame, row)
+
+
+def real_batch(video: Path, pre: Preprocessor, shape: list[int]) -> tuple[np.ndarray, list[Any]]:
+    cap = cv2.VideoCapture(str(video))
+    batch = np.zeros(shape, np.float32)
+    transforms = []
+    cap.set(cv2.CAP_PROP_POS_FRAMES, 150)  # two people in view
+    for i in range(shape[0]):
+        _, frame = cap.read()
+        transforms.append(pre.run(frame, batch[i]))
+    cap.release()
+    return batch, transforms
+
+
+def raw_throughput(backend: Any, name: str, batch: np.ndarray, n: int) -> float:
+    for _ in range(3):
+        backend.infer({name: batch})
+    t0 = time.perf_counter()
+    for _ in range(n):
+        backend.infer({name: batch})
+    return batch.shape[0] * n / (time.perf_counter() - t0)
+
+
+def stage_costs(video: Path, pkg: Any, backend: OnnxRuntimeBackend, port: int) -> dict[str, float]:
+    """Each stage alone, ms per frame (inference: per image, at the fixed batch)."""
+    m = pkg.manifest
+    cap = cv2.VideoCapture(str(video))
+    frames = []
+    t0 = time.perf_counter()
+    for _ in range(120):
+        _, f = cap.read()
+        frames.append(f)
+    read_ms = (time.perf_counter() - t0) * 1000 / 120
+    pre = Preprocessor(m.input)
+    row = pre.new_row()
+    t0 = time.perf_counter()
+    transforms = [pre.run(f, row) for f in frames]
+    pre_ms = (time.perf_counter() - t0) * 1000 / len(frames)
+    batch, tfs = real_batch(video, pre, m.input.shape)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        out = backend.infer({m.input.name: batch})
+    infer_ms = (time.perf_counter() - t0) * 1000 / (20 * m.input.batch)
+    decoder = build_decoder(m.decoder, m.input, m.labels, {o.name: o.shape for o in backend.outputs})
+    opts = DecodeOptions(score_threshold=0.7)
+    t0 = time.perf_counter()
+    for _ in range(50):
+        dets = decoder.decode(out, tfs, opts)
+    post_ms = (time.perf_counter() - t0) * 1000 / (50 * len(tfs))
+    client = make_client(load_config_stub(port), "bench-stages")
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    r = Result(
+        "cam0",
+        FrameMeta(0, time.time(), time.monotonic(), transforms[0], time.monotonic()),
+        dets[0],
+        1.0,
+        time.monotonic(),
+        m.name,
+        m.version,
+    )
+    t0 = time.perf_counter()
+    infos = [
+        client.publish(f"edged/{DEVICE}/stage", json.dumps(result_payload(r, DEVICE, "0" * 32, i)), qos=1)
+        for i in range(500)
+    ]
+    pub_ms = (time.perf_counter() - t0) * 1000 / 500
+    for i in infos:
+        i.wait_for_publish(5)
+    client.disconnect()
+    client.loop_stop()
+    return {"read": read_ms, "preprocess": pre_ms, "infer": infer_ms, "postprocess": post_ms, "publish": pub_ms}

@@ -1,0 +1,166 @@
+"""The config of how results leave the device: the broker (``mqtt``, with ``tls``) and the durable spool
+in front of it (``spool``). Also what the operator tools read of a config file, which is only its
+``mqtt`` section: ``load_mqtt_config`` (``edged push``) and ``watch_settings`` (``edged watch``).
+Validated once at load like the rest of the config (daemon/config.py, which loads the file and
+re-exports these)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from edged.errors import ConfigError
+
+from .camera_config import StrictModel as _Strict
+from .config_file import PathFixer, describe_error, parse_yaml, path_fixer, read_yaml
+
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+"""A name that becomes one topic level: the device id, a fleet group."""
+_TOPIC_SAFE = re.compile(r"^[^#+/\x00]+$")
+
+
+class TlsConfig(_Strict):
+    ca_file: Path = Field(description="the CA that signed the broker's certificate")
+    cert_file: Path | None = Field(None, description="the client certificate (with key_file)")
+    key_file: Path | None = Field(None, description="the client certificate's key (with cert_file)")
+    insecure_skip_hostname: bool = Field(False, description="skip the broker hostname check")
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
+class MqttConfig(_Strict):
+    host: str = Field("127.0.0.1", description="the broker's host")
+    port: int = Field(1883, ge=1, le=65535, description="the broker's port")
+    topic_prefix: str = Field("edged", description="topics are <topic_prefix>/<device_id>/...")
+    client_id: str | None = Field(None, description="MQTT client id; none means edged-<device_id>")
+    qos: Literal[0, 1] = Field(1, description="QoS of results; status is always QoS 1")
+    keepalive_s: int = Field(30, ge=5, le=3600, description="MQTT keepalive")
+    username: str | None = Field(None, description="MQTT user name")
+    password_file: Path | None = Field(
+        None, description="the MQTT password, read from this file (e.g. under $CREDENTIALS_DIRECTORY), never the YAML"
+    )
+    tls: TlsConfig | None = Field(None, description="TLS to the broker; none means plain TCP")
+    session_expiry_s: int = Field(
+        3600,
+        ge=0,
+        le=2**32 - 1,
+        description="MQTT v5 Session Expiry Interval: the session (command subscription, unacknowledged "
+        "messages) outlives a disconnect this long (clean_start is false)",
+    )
+    max_inflight: int = Field(100, ge=1, le=65_000, description="QoS 1 messages sent and not yet acknowledged, at most")
+    reconnect_max_s: float = Field(
+        60.0,
+        ge=1.0,
+        le=3600.0,
+        description="reconnect waits after a lost or refused connection: random (full jitter) up to a bound that "
+        "doubles from 1 s to this, so a fleet never reconnects in step",
+    )
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not v or any(not _TOPIC_SAFE.match(p) for p in v.split("/")):
+            raise ValueError("must be non-empty topic levels without '+', '#' or empty levels")
+        return v
+
+
+class SpoolConfig(_Strict):
+    max_mb: float = Field(
+        256.0,
+        gt=0,
+        le=1_000_000,
+        description="the durable spool (<state_dir>/spool.db): over this size (or a quarter of its filesystem, "
+        "if smaller) the oldest messages are dropped",
+    )
+    max_age_s: float = Field(
+        7 * 86400.0,
+        gt=0,
+        description="messages spooled longer than this (the daemon's running time, not wall-clock time) are dropped",
+    )
+    commit_interval_ms: float = Field(
+        200.0, ge=1, le=10_000, description="group commit of the spool; the loss window on power loss or a crash"
+    )
+
+
+def load_mqtt_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> MqttConfig:
+    """Only the `mqtt` section of a config file (what `edged push` needs; a device config will do, and so
+    does a file holding nothing but an `mqtt:` section). Paths resolve as in load_config."""
+    path = Path(path)
+    raw = read_yaml(path) or {}
+    section = raw.get("mqtt", {}) if isinstance(raw, dict) else None
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: mqtt: must be a mapping")
+    try:
+        mqtt = MqttConfig.model_validate(section)
+    except ValidationError as exc:
+        raise ConfigError(
+            f"{path}: " + "; ".join(describe_error({**e, "loc": ("mqtt", *e["loc"])}) for e in exc.errors())
+        ) from exc
+    return resolve_mqtt(mqtt, path_fixer(path, os.environ if environ is None else environ))
+
+
+def watch_settings(
+    path: Path | None,
+    *,
+    device: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    prefix: str | None = None,
+    cafile: Path | None = None,
+    cert: Path | None = None,
+    key: Path | None = None,
+    username: str | None = None,
+    password_file: Path | None = None,
+) -> tuple[MqttConfig, str]:
+    """What a subscriber (`edged watch`) needs and nothing more: the broker settings of `path` (any file
+    with an `mqtt:` section, or none) with the given flags over them, and the device id (`device`, else
+    the file's `device_id`). Flag paths are taken as given (relative to the working directory)."""
+    mqtt = load_mqtt_config(path) if path is not None else MqttConfig()
+    if device is None and path is not None:
+        raw = parse_yaml(path.read_text(encoding="utf-8"), path)
+        found = raw.get("device_id") if isinstance(raw, dict) else None
+        device = found if isinstance(found, str) else None
+    where = f"{path}: " if path is not None else ""
+    if device is None:
+        raise ConfigError(f"{where}no device to watch: give --device ID (or a config with a device_id)")
+    if not TOPIC_NAME.match(device):
+        raise ConfigError(f"device {device!r}: must be 1-64 of letters, digits, '_', '.', '-' (it is a topic level)")
+    doc: dict[str, Any] = mqtt.model_dump()
+    doc.update({k: v for k, v in (("host", host), ("port", port), ("topic_prefix", prefix)) if v is not None})
+    if username is not None:
+        doc["username"] = username
+    if password_file is not None:
+        doc["password_file"] = password_file
+    if cafile is not None or cert is not None or key is not None:
+        tls = dict(doc["tls"] or {})
+        tls.update({k: v for k, v in (("ca_file", cafile), ("cert_file", cert), ("key_file", key)) if v is not None})
+        if "ca_file" not in tls:
+            raise ConfigError(f"{where}--cert/--key need --cafile (the CA that signed the broker's certificate)")
+        doc["tls"] = tls
+        if port is None and path is None:
+            doc["port"] = 8883  # MQTT over TLS
+    try:
+        return MqttConfig.model_validate(doc), device
+    except ValidationError as exc:
+        raise ConfigError(
+            where + "; ".join(describe_error({**e, "loc": ("mqtt", *e["loc"])}) for e in exc.errors())
+        ) from exc
+
+
+def resolve_mqtt(mqtt: MqttConfig, fix: PathFixer) -> MqttConfig:
+    """The section with its paths (password file, TLS files) resolved by `fix`."""
+    tls = mqtt.tls
+    if tls is not None:
+        tls = tls.model_copy(
+            update={"ca_file": fix(tls.ca_file), "cert_file": fix(tls.cert_file), "key_file": fix(tls.key_file)}
+        )
+    return mqtt.model_copy(update={"tls": tls, "password_file": fix(mqtt.password_file)})
