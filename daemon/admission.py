@@ -23,8 +23,7 @@ def check_io(pkg: Package, backend: Backend) -> None:
     spec = pkg.manifest.input
     paths = pkg.batch_paths
     try:
-        # the batches the backend runs (a TensorRT engine built on the device for a several-batch package: the
-        # largest only)
+        # the batches the backend runs (every fixed batch of the package: ONNX models or TensorRT engines)
         for b in fixed_batches(backend, spec.batch):
             member = backend.member(b) if isinstance(backend, BatchSet) else backend
             inputs = [Tensor(t.name, t.shape, t.dtype) for t in member.inputs]
