@@ -76,7 +76,9 @@ def build_engine_package(
                 )
             spec_at = m.input.model_copy(update={"shape": [largest, *m.input.shape[1:]]})
             calibration = calibration_batches(spec_at, read_frames(calib, calib_frames, progress))
-        calib_cache = out.with_name(out.name + ".calib-cache") if calibration else None
+        # this build's own (the frames given now): a cache left by an earlier build would be read instead of
+        # calibrating, and every batch would get its stale scales
+        calib_cache = tmp / "calibration.cache" if calibration else None
         built: dict[int, BuiltEngine] = {}
         for i, b in enumerate(sorted(onnx_files, reverse=True)):  # the largest first: it calibrates
             engine = tmp / ("model.engine" if b == largest else f"model.b{b}.engine")
