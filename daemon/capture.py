@@ -103,7 +103,7 @@ class Camera:
         self._ready: int | None = None
         self.stats = CameraStats()
         self._got_frames = False
-        self._played = 0  # frames read from a file source, across loops and reopens: its playing time
+        self._played_s = 0.0  # a file source's playing time, across loops and reopens (each frame at its open's fps)
         self._last: tuple[np.ndarray, tuple[int, int] | None] | None = None  # newest frame offered, its source size
         self._thread = threading.Thread(target=self._run, name=f"camera-{cfg.name}", daemon=True)
 
@@ -248,8 +248,8 @@ class Camera:
             index += 1
             clock = now
             if is_file:  # a file's seconds are its own, however fast it is read
-                clock = self._played / native
-                self._played += 1
+                clock = self._played_s
+                self._played_s += 1.0 / native  # a reopen at another fps moves only what comes after
             if self.throttle.paused:
                 continue  # paused by the governor: keep reading (health), offer nothing
             gap = min_gap / self.throttle.fps_scale if min_gap else 0.0

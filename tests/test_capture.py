@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import socket
 import subprocess
@@ -11,6 +12,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 
 from edged.daemon.capture import Camera
@@ -69,6 +72,37 @@ def test_file_camera_plays_every_frame_when_not_realtime(demo: DemoAssets, rig) 
     wait_until(lambda: cam.stats.state == "ended", 60, "the file to end")
     wait_until(lambda: consumer.count("f") == 300, 5, "every frame taken")
     assert [f for _, f in consumer.taken] == list(range(300)) and cam.stats.drops == 0
+
+
+def test_a_file_cameras_clock_is_its_playing_time_across_loops_and_a_new_fps(rig, tmp_path: Path) -> None:
+    """The motion gate's seconds for a file: each frame 1/fps after the last, across a loop, and across a reopen
+    that finds a file at another rate (a rotated recording): never back, never a jump."""
+    cond, stop = rig
+
+    def write(path: Path, fps: int) -> None:
+        out = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), fps, (64, 48))
+        for k in range(10):
+            out.write(np.full((48, 64, 3), 20 * k, np.uint8))
+        out.release()
+
+    video = tmp_path / "v.avi"
+    write(video, 10)
+    write(tmp_path / "next.avi", 30)
+    cam = camera({"name": "f", "uri": f"file://{video}", "realtime": False, "loop": True, "fps_max": 240}, cond, stop)
+    clocks: list[float] = []
+    cam.start()
+    while len(clocks) < 25:
+        with cond:
+            got = cam.take_locked()
+            if got is None:
+                cond.wait(0.05)
+                continue
+            clocks.append(got[1].clock_s)
+            cam.release_locked(got[0])
+        if len(clocks) == 1:  # the camera holds the 10 fps file open: the loop reopens the path at 30 fps
+            (tmp_path / "next.avi").replace(video)
+    steps = [round(b - a, 6) for a, b in itertools.pairwise(clocks)]
+    assert steps == [0.1] * 10 + [round(1 / 30, 6)] * 14, steps
 
 
 def test_realtime_file_with_fps_cap_and_slow_consumer_drops(demo: DemoAssets, rig) -> None:
