@@ -90,6 +90,7 @@ class Session:
         # packet and wakes our network thread's select instead); see the module's docstring
         self.client.on_socket_register_write = lambda client, userdata, sock: None
         self._disconnected = threading.Event()  # our DISCONNECT was written (or the connection was lost)
+        self._closing = threading.Event()  # disconnect() was called: the network thread connects no more
         self._socket_error = ""
         self._net_thread = threading.Thread(target=self._network, name="mqtt-network", daemon=True)
 
@@ -164,6 +165,8 @@ class Session:
         while not self._net_stop.is_set():
             self.last_net_progress = time.monotonic()
             if not socket_open:
+                if self._closing.is_set():
+                    break
                 try:
                     if first:
                         self.client.connect(
@@ -189,8 +192,8 @@ class Session:
                 continue
             socket_open = False
             self.connected = False
-            if self._net_stop.is_set():
-                break
+            if self._net_stop.is_set() or self._closing.is_set():
+                break  # (after our DISCONNECT, a reconnect would open a session whose close sends the will)
             if not had_connack:  # lost before the CONNACK: the broker refused us (a bad certificate, say)
                 reason = self._socket_error or f"connection lost: {mqtt.error_string(rc)}"
                 if self.cfg.tls is not None and "alert" not in reason:
@@ -209,6 +212,7 @@ class Session:
     def disconnect(self, timeout_s: float = 2.0) -> None:
         """Send DISCONNECT (so the broker drops our last will) and wait, up to `timeout_s`, for the network
         thread to write it; then stop that thread."""
+        self._closing.set()
         was_connected = self.connected
         self.client.disconnect()
         if not self._net_thread.is_alive():
@@ -234,7 +238,9 @@ class Session:
     def publish_direct(
         self, topic: str, payload: bytes, qos: int = 0, retain: bool = False, properties: Properties | None = None
     ) -> bool:
-        """Not spooled: telemetry, replies, snapshots. False when refused locally or not sent."""
+        """Not spooled: telemetry, replies, snapshots. False when refused locally or not queued (no connection,
+        paho's queue full); queued is not yet written: the network thread writes it (QoS 0: lost if the
+        connection drops first)."""
         if len(payload) > MAX_PAYLOAD_BYTES:
             self.oversized += 1
             logger.error("mqtt: %s payload of %d bytes is over %d; not sent", topic, len(payload), MAX_PAYLOAD_BYTES)

@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 
+from edged.daemon import session
 from edged.daemon.config import MqttConfig, SpoolConfig
 from edged.daemon.publish import Publisher
 from edged.daemon.spool import Spool
 from edged.models.demo import DemoAssets
+from edged.protocol.backoff import Backoff
 
 from .conftest import Broker, base_config, free_port, wait_until, write_config
 
@@ -212,6 +214,32 @@ def test_publishing_threads_never_write_the_socket_themselves(broker, subscribe,
         pub.stop()
     wait_until(lambda: "Client edged-dev disconnected." in broker.log_tail(), 10, "a clean disconnect")
     wait_until(lambda: sub.on("status")[-1].json()["state"] == "stopped", 10, "stopped")  # and no last will after
+
+
+def test_a_stop_never_reconnects_after_its_disconnect(broker, subscribe, tmp_path: Path, monkeypatch) -> None:
+    """After the DISCONNECT is written the network thread stops: it must not reconnect in the moment before
+    the stop reaches it (a session opened then and closed by the stop makes the broker publish the last will,
+    "offline", over "stopped"). Reconnect waits of 0 make that moment as wide as it gets."""
+
+    class NoWait(Backoff):
+        def next_s(self) -> float:
+            return 0.0
+
+    monkeypatch.setattr(session, "reconnect_backoff", lambda max_s: NoWait(1.0, max_s))
+    stops = 8
+    for k in range(stops):
+        pub = Publisher(MqttConfig(host=broker.host, port=broker.port), SpoolConfig(),
+                        Spool(tmp_path / f"s{k}.db", 10**6, 60), "dev", "edged/dev", "0" * 32, dict)  # fmt: skip
+        pub.start()
+        wait_until(lambda: pub.connected, 10, "connected")  # noqa: B023
+        pub.stop()
+        assert pub.connects == 1, f"stop {k}: connected {pub.connects} times"
+    wait_until(lambda: broker.log_tail(20000).count("Client edged-dev disconnected.") == stops, 10, "clean disconnects")
+    log = broker.log_tail(20000)
+    assert log.count("as edged-dev") == stops and "edged-dev closed its connection" not in log, log
+    late = subscribe(broker, "edged/dev/status")
+    wait_until(lambda: bool(late.on("status")), 10, "the retained status")
+    assert late.on("status")[-1].json()["state"] == "stopped"
 
 
 def test_unreachable_broker_backs_off(tmp_path: Path) -> None:
