@@ -135,7 +135,7 @@ def spooled(port: int, work: Path, n: int) -> tuple[float, float]:
         time.sleep(0.01)
     t0, c0 = time.perf_counter(), _cpu_s()
     for i in range(n):
-        while pub._q.full():  # the daemon drops when its queue is full; the bench waits instead
+        while pub.queue_full:  # the daemon drops when its queue is full; the bench waits instead
             time.sleep(0.002)
         pub.submit_event({**DOC, "seq": i + 1})
     # every result must be acknowledged: one dropped from memory (over spool max_unsaved_bytes, as when the

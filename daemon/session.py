@@ -39,6 +39,7 @@ from edged.protocol.schemas import dumps, iso, status_doc
 
 from .config import MqttConfig
 from .inbox import Inbox
+from .mqtt_client import DeviceClient
 
 # the MQTT log lines keep the logger name they had before the split (operators and tests grep for it)
 logger = logging.getLogger("edged.daemon.publish")
@@ -76,7 +77,10 @@ class Session:
         self.last_net_progress = time.monotonic()
         self.spool_state = "ok"  # "failing" while storage operations fail (the publisher's; status shows it)
         self.client = make_client(
-            cfg, cfg.client_id or f"edged-{device_id}", will=(topics.status(self.root), self._status_json("offline"))
+            cfg,
+            cfg.client_id or f"edged-{device_id}",
+            will=(topics.status(self.root), self._status_json("offline")),
+            client_class=DeviceClient,
         )
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
