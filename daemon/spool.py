@@ -24,9 +24,10 @@ Age: `max_age_s` is judged on the spool's own clock, a monotonic clock carried a
 the file (`meta.clock_s`), never on the wall clock, which jumps on boards without an RTC when NTP
 sets it. Time the daemon is not running does not count toward a message's age.
 
-Cost: nothing per commit or per send depends on how many rows wait. Rows are read after a cursor
-by id, deleted by id ranges, and the bounds cut a prefix walked from the oldest row (rows are in
-clock order by id); `rows` and `bytes` are counted once at open and kept in step by every write.
+Cost: nothing per commit or per send depends on how many rows wait. Rows are inserted up to 128 to a
+statement, read after a cursor by id (those this process just committed, from memory), deleted by id
+ranges, and the bounds cut a prefix walked from the oldest row (rows are in clock order by id); `rows`
+and `bytes` are counted once at open and kept in step by every write.
 Storage faults (disk full, I/O errors, a deleted, replaced or corrupt file): see spool_file.py.
 """
 
@@ -321,9 +322,9 @@ class Spool(SpoolFile):
         row, and each step lets go of the interpreter lock, which under load can take milliseconds to get
         back. Older rows (from before this start, past the memory bound, or sent again after a refusal)
         come from the file."""
+        self._ensure_open()
         if last_id >= self._unsent_floor:
             return self._after_unsent(last_id, limit)
-        self._ensure_open()
         try:
             rows = self.db.execute(
                 "SELECT id, topic, payload, qos FROM messages WHERE id > ? ORDER BY id LIMIT ?",
