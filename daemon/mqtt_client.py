@@ -10,6 +10,13 @@
   set; any other (a failure code, properties) goes through paho's own decoding. `on_publish` handlers
   must not modify what they are given.
 
+- Writes: paho writes a packet on the socket from whichever thread publishes it (its network thread is
+  our own, not paho's `loop_start`). The packets of `deferred_writer` (the publisher thread, which hands
+  out rows in bursts) are left queued instead: paho wakes the network thread through its socket pair for
+  every packet queued, and that thread writes them, as it writes those it sends on each PUBACK. The
+  publisher thread makes one system call per message instead of two, and does not wait to take the
+  interpreter lock back after a write while the network thread holds it.
+
 Everything else is paho's: the PUBACK is matched, the message released and the next queued one sent by
 paho's `_do_on_publish`, as for any PUBACK. The hooks are paho 2.x's (pinned < 3 in pyproject.toml);
 tests/test_mqtt_client.py checks both paths against a real broker.
@@ -17,6 +24,7 @@ tests/test_mqtt_client.py checks both paths against a real broker.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Literal
 
 import paho.mqtt.client as mqtt
@@ -33,6 +41,13 @@ _NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
 
 
 class DeviceClient(mqtt.Client):
+    deferred_writer: int | None = None  # a thread whose packets the network thread writes (the publisher's)
+
+    def loop_write(self) -> MQTTErrorCode:
+        if self.deferred_writer == threading.get_ident() and self._sockpairW is not None:
+            return MQTTErrorCode.MQTT_ERR_SUCCESS  # queued: the socket pair woke the network thread, which writes it
+        return super().loop_write()
+
     def _easy_log(self, level: Any, fmt: str, *args: Any) -> None:
         if level == mqtt.MQTT_LOG_DEBUG and self._logger is None:
             return

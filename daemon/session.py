@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import MQTTErrorCode
@@ -76,12 +76,13 @@ class Session:
         self.last_error = ""
         self.last_net_progress = time.monotonic()
         self.spool_state = "ok"  # "failing" while storage operations fail (the publisher's; status shows it)
-        self.client = make_client(
+        client = make_client(
             cfg,
             cfg.client_id or f"edged-{device_id}",
             will=(topics.status(self.root), self._status_json("offline")),
             client_class=DeviceClient,
         )
+        self.client = cast(DeviceClient, client)
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message

@@ -273,9 +273,8 @@ class Spool(SpoolFile):
     def _keep_unsent(self) -> None:
         """The rows just committed, for after(); bounded by half of max_unsaved_bytes (the oldest go first:
         after() reads those from the file)."""
-        for row_id, (topic, payload, qos, _, size, _) in enumerate(self._pending, self._last_id + 1):
-            self._unsent.append(Row(row_id, topic, payload, qos))
-            self._unsent_bytes += size
+        self._unsent.extend([Row(i, p[0], p[1], p[2]) for i, p in enumerate(self._pending, self._last_id + 1)])
+        self._unsent_bytes += self._pending_bytes
         while self._unsent_bytes > self.max_unsaved_bytes // 2 and self._unsent:
             self._forget_unsent()
 

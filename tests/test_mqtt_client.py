@@ -1,6 +1,7 @@
 """The device's paho client (daemon/mqtt_client.py) against a real mosquitto: a plain success PUBACK is
-handed on without paho's per-PUBACK decoding, every other PUBACK (a refusal) as paho decodes it, and
-paho's per-message debug lines are not formatted for `on_log` unless a logger is attached."""
+handed on without paho's per-PUBACK decoding, every other PUBACK (a refusal) as paho decodes it, paho's
+per-message debug lines are not formatted for `on_log` unless a logger is attached, and the publisher
+thread's packets are written by the network thread."""
 
 from __future__ import annotations
 
@@ -75,3 +76,44 @@ def test_debug_lines_are_not_formatted_for_on_log_unless_a_logger_is_attached(br
         logger.removeHandler(handler)
     device.disconnect()
     device.loop_stop()
+
+
+def test_the_deferred_writers_packets_are_written_by_the_network_thread(broker: Broker) -> None:
+    """As the session drives it (its own thread calling loop(), not paho's loop_start): a PUBLISH queued by
+    `deferred_writer` (the publisher thread) is written by the network thread, never by its own."""
+    device = DeviceClient(CallbackAPIVersion.VERSION2, client_id="device", protocol=mqtt.MQTTv5)
+    writes: list[tuple[str, int]] = []
+    send = device._sock_send
+
+    def traced(buf: bytes) -> int:
+        writes.append((threading.current_thread().name, buf[0] & 0xF0))
+        return send(buf)
+
+    device._sock_send = traced  # type: ignore[method-assign]
+    device.connect(broker.host, broker.port)
+    stop = threading.Event()
+
+    def network() -> None:
+        while not stop.is_set():
+            device.loop(timeout=0.2)
+
+    net = threading.Thread(target=network, name="network")
+    net.start()
+    try:
+        wait_until(device.is_connected, 10, "connected")
+        infos: list[mqtt.MQTTMessageInfo] = []
+
+        def publisher() -> None:
+            device.deferred_writer = threading.get_ident()
+            infos.extend(device.publish("t/a", b"%d" % i, qos=1) for i in range(20))
+
+        pub = threading.Thread(target=publisher, name="publisher")
+        pub.start()
+        pub.join()
+        wait_until(lambda: all(i.is_published() for i in infos), 10, "20 PUBACKs")
+    finally:
+        stop.set()
+        net.join(5)
+        device.disconnect()
+    publishes = [name for name, kind in writes if kind == 0x30]
+    assert publishes == ["network"] * 20, publishes
