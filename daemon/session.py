@@ -14,6 +14,8 @@
   topics never reaches paho, which reads every packet whole into memory.
 - What comes in is the `Inbox`'s business (daemon/inbox.py): it names the subscriptions made at every
   connect and routes each message.
+- The client is `DeviceClient` (daemon/mqtt_client.py): paho with its per-PUBACK decoding and debug
+  lines cut, and the publisher thread's packets written by the network thread.
 
 `Publisher` (daemon/publish.py) is this session plus the spool and the delivery of what goes out.
 """
