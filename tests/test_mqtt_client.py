@@ -85,7 +85,7 @@ def test_the_deferred_writers_packets_are_written_by_the_network_thread(broker: 
     writes: list[tuple[str, int]] = []
     send = device._sock_send
 
-    def traced(buf: bytes) -> int:
+    def traced(buf: bytes | bytearray) -> int:
         writes.append((threading.current_thread().name, buf[0] & 0xF0))
         return send(buf)
 
