@@ -3,18 +3,23 @@
 
 In one run, against a local mosquitto on 127.0.0.1, with result-sized payloads (~600 bytes):
 
-  direct   a paho client publishing at QoS 1 (same in-flight window), counted until every PUBACK
+  direct   a paho client publishing at QoS 1 (same in-flight window), counted until every PUBACK; the
+           target's baseline is paho's own Client; the same run with the daemon's client (DeviceClient,
+           daemon/mqtt_client.py: paho with its per-PUBACK decoding and debug lines cut) is printed too, so
+           that what the spool itself costs can be told from what the client saves
   spool    the daemon's Publisher: queue -> SQLite spool (group commit) -> paho -> PUBACK -> delete
   cpu      CPU time of this process per result on each path (all threads; the broker is another
            process): direct / spool is the ratio a CPU-bound machine would see, and it does not swing
            with the other jobs' load as the throughputs do
-  ratio    spool / direct (target >= 0.8, and far above any camera rate: >= 2000 results/s here); the
+  ratio    spool / direct with paho's Client (target >= 0.8, and far above any camera rate: >= 2000 results/s here); the
            producer waits while the publisher's queue is full, and a run in which any result is
            dropped (from the queue, or from the spool's memory before its commit) is refused
   drain    a backlog of --backlog results left in the spool (the broker away), delivered when it is back
   backlog  the spool's own cost with 0 / 100k / 1M rows waiting (--sizes): a commit of 2 results (insert,
-           fsync, the byte and age bounds), and a send of 100 (read the next rows after the cursor, delete
-           them as on their PUBACKs); medians of 200 commits and 100 sends (target: 1M within 1.5x of 0)
+           fsync, the byte and age bounds), and a send of 100 (read the next rows after the cursor from the
+           file, as a backlog is read, delete them as on their PUBACKs); medians of 200 commits and 100
+           sends (target: 1M within 1.5x of 0); and a send of the 100 rows just committed, which the
+           spool hands out from memory (the sender's steady state while the broker keeps up)
   wear     bytes the publisher thread writes to the state directory at the demo's rate (--wear-rate
            results/s in batches of 2, PUBACKs from the broker), for --wear-s seconds, per hour
 
@@ -46,6 +51,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edged.daemon.config import MqttConfig, SpoolConfig
+from edged.daemon.mqtt_client import DeviceClient
 from edged.daemon.publish import Publisher
 from edged.daemon.spool import Spool
 
@@ -93,10 +99,10 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def direct(port: int, n: int, window: int) -> tuple[float, float]:
+def direct(port: int, n: int, window: int, client_class: type[mqtt.Client] = mqtt.Client) -> tuple[float, float]:
     """Results/s and CPU µs per result."""
     acked = threading.Semaphore(0)
-    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"direct-{time.time_ns()}", protocol=mqtt.MQTTv5)
+    c = client_class(CallbackAPIVersion.VERSION2, client_id=f"direct-{time.time_ns()}", protocol=mqtt.MQTTv5)
     c.max_inflight_messages_set(window)
     c.max_queued_messages_set(0)
     c.on_publish = lambda *a: acked.release()
@@ -135,7 +141,7 @@ def spooled(port: int, work: Path, n: int) -> tuple[float, float]:
         time.sleep(0.01)
     t0, c0 = time.perf_counter(), _cpu_s()
     for i in range(n):
-        while pub._q.full():  # the daemon drops when its queue is full; the bench waits instead
+        while pub.queue_full:  # the daemon drops when its queue is full; the bench waits instead
             time.sleep(0.002)
         pub.submit_event({**DOC, "seq": i + 1})
     # every result must be acknowledged: one dropped from memory (over spool max_unsaved_bytes, as when the
@@ -200,7 +206,7 @@ def backlog_cost(work: Path, n: int, commits: int = 200, sends: int = 100) -> di
     t0 = time.perf_counter()
     spool = Spool(path, 1 << 34, 7 * 86400)
     open_s = time.perf_counter() - t0
-    commit, commit_cpu, send = [], [], []
+    commit, commit_cpu, send, fresh = [], [], [], []
     for _ in range(commits):
         t0, c0 = time.perf_counter(), time.thread_time()
         spool.append("edged/bench-01/results/dock", payload, 1)
@@ -213,11 +219,20 @@ def backlog_cost(work: Path, n: int, commits: int = 200, sends: int = 100) -> di
         for _ in range(100):  # keeps the backlog where it is: what is sent is replaced
             spool.append("edged/bench-01/results/dock", payload, 1)
         spool.commit()
+        spool.forget_unsent()  # read from the file, as a backlog from before a restart is
         t0 = time.perf_counter()
         rows = spool.after(last, 100)
         spool.delete([r.id for r in rows])
         send.append(time.perf_counter() - t0)
         last = rows[-1].id
+    for _ in range(sends):  # the rows just committed, past the backlog: handed out from memory
+        for _ in range(100):
+            spool.append("edged/bench-01/results/dock", payload, 1)
+        spool.commit()
+        t0 = time.perf_counter()
+        rows = spool.after(spool.last_id - 100, 100)
+        spool.delete([r.id for r in rows])
+        fresh.append(time.perf_counter() - t0)
     spool.close()
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
@@ -227,6 +242,7 @@ def backlog_cost(work: Path, n: int, commits: int = 200, sends: int = 100) -> di
         "commit_ms": statistics.median(commit) * 1e3,
         "commit_cpu_ms": statistics.median(commit_cpu) * 1e3,
         "send_ms": statistics.median(send) * 1e3,
+        "send_fresh_ms": statistics.median(fresh) * 1e3,
     }
 
 
@@ -312,16 +328,30 @@ def main() -> int:
     }
     try:
         window = MqttConfig().max_inflight
-        d, s, dr, dc, sc = [], [], [], [], []
+        d, s, dr, dc, sc, dd, ddc = [], [], [], [], [], [], []
         for _ in range(args.repeats):
             rate, cpu = direct(port, args.count, window)
             d.append(rate)
             dc.append(cpu)
+            rate, cpu = direct(port, args.count, window, DeviceClient)
+            dd.append(rate)
+            ddc.append(cpu)
             rate, cpu = spooled(port, work, args.count)
             s.append(rate)
             sc.append(cpu)
             dr.append(drain(port, work, args.backlog)[0])
-        res["runs"] = {"direct_per_s": d, "spool_per_s": s, "drain_s": dr, "direct_cpu_us": dc, "spool_cpu_us": sc}
+        res["runs"] = {
+            "direct_per_s": d,
+            "direct_device_client_per_s": dd,
+            "spool_per_s": s,
+            "drain_s": dr,
+            "direct_cpu_us": dc,
+            "direct_device_client_cpu_us": ddc,
+            "spool_cpu_us": sc,
+        }
+        res["direct_device_client_per_s"] = statistics.median(dd)
+        res["direct_device_client_cpu_us"] = statistics.median(ddc)
+        res["ratio_device_client"] = statistics.median(s) / res["direct_device_client_per_s"]
         res["direct_cpu_us"] = statistics.median(dc)
         res["spool_cpu_us"] = statistics.median(sc)
         res["cpu_ratio"] = res["direct_cpu_us"] / res["spool_cpu_us"]
@@ -341,25 +371,36 @@ def main() -> int:
     print(res["machine"])
     print(f"payload {res['payload_bytes']} bytes, in-flight window {window}, median of {args.repeats}")
     print(f"direct paho, QoS 1            {res['direct_per_s']:9.0f} results/s")
-    print(f"through the spool, QoS 1      {res['spool_per_s']:9.0f} results/s   ratio {res['ratio']:.3f}")
-    pairs = zip(res["runs"]["spool_per_s"], res["runs"]["direct_per_s"], strict=True)
-    print("  each run (direct, spool, ratio): " + "; ".join(f"{b:.0f}, {a:.0f}, {a / b:.3f}" for a, b in pairs))
+    print(f"direct, the daemon's client   {res['direct_device_client_per_s']:9.0f} results/s")
     print(
-        f"CPU per result (this process)  direct {res['direct_cpu_us']:.1f} us, spool {res['spool_cpu_us']:.1f} us: "
+        f"through the spool, QoS 1      {res['spool_per_s']:9.0f} results/s   ratio {res['ratio']:.3f} "
+        f"(of the daemon's client direct: {res['ratio_device_client']:.3f})"
+    )
+    runs = res["runs"]
+    each = zip(runs["direct_per_s"], runs["direct_device_client_per_s"], runs["spool_per_s"], strict=True)
+    print(
+        "  each run (direct, daemon's client direct, spool, ratio): "
+        + "; ".join(f"{a:.0f}, {b:.0f}, {c:.0f}, {c / a:.3f}" for a, b, c in each)
+    )
+    print(
+        f"CPU per result (this process)  direct {res['direct_cpu_us']:.1f} us "
+        f"(daemon's client {res['direct_device_client_cpu_us']:.1f}), spool {res['spool_cpu_us']:.1f} us: "
         f"direct / spool {res['cpu_ratio']:.3f} (the throughput the spool path would keep on a CPU-bound machine)"
     )
     print(f"drain a {args.backlog}-result backlog  {res['drain_s']:9.1f} s  ({res['drain_per_s']:.0f} results/s)")
     if res["backlog_cost"]:
         base = res["backlog_cost"][0]
         print(
-            "backlog (rows)   commit of 2 (ms)   its CPU (ms)      send of 100 (ms)   open (s)   "
-            "medians; x = of the first row; a commit's wall time is mostly its fsync"
+            "backlog (rows)   commit of 2 (ms)   its CPU (ms)      send of 100 (ms)   just committed (ms)   "
+            "open (s)   medians; x = of the first row; a commit's wall time is mostly its fsync"
         )
         for c in res["backlog_cost"]:
             print(
                 f"{c['rows']:>14}   {c['commit_ms']:8.3f} x{c['commit_ms'] / base['commit_ms']:4.2f}"
                 f"   {c['commit_cpu_ms']:7.3f} x{c['commit_cpu_ms'] / base['commit_cpu_ms']:4.2f}"
-                f"   {c['send_ms']:8.3f} x{c['send_ms'] / base['send_ms']:4.2f}   {c['open_s']:8.2f}"
+                f"   {c['send_ms']:8.3f} x{c['send_ms'] / base['send_ms']:4.2f}"
+                f"   {c['send_fresh_ms']:9.3f} x{c['send_fresh_ms'] / base['send_fresh_ms']:4.2f}"
+                f"       {c['open_s']:8.2f}"
             )
     if "wear" in res:
         w = res["wear"]

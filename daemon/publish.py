@@ -26,7 +26,6 @@
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -93,7 +92,10 @@ class Publisher(Session):
         self.spool_cfg = spool_cfg
         self.spool = spool
         self._on_event = on_event
-        self._q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=queue_size)
+        # submit() -> the publisher thread: a deque (append and popleft are atomic) with a bound checked before
+        # each append: a queue.Queue's lock and condition cost more per message than the deque's whole path
+        self._q: deque[tuple[str, Any]] = deque()
+        self.queue_size = queue_size
         self.seq = 0
         self.results = 0  # results handed to submit()
         self.spooled = 0
@@ -147,21 +149,23 @@ class Publisher(Session):
 
     def submit(self, result: Result) -> None:
         self.results += 1
-        try:
-            self._q.put_nowait(("result", result))
-            if not self._wake.is_set():
-                self._wake.set()
-        except queue.Full:
-            self.dropped_queue_full += 1
+        self._put("result", result)
 
     def submit_event(self, doc: dict[str, Any]) -> None:
         """Events are spooled like results (QoS 1, nothing lost)."""
-        try:
-            self._q.put_nowait(("event", doc))
-            if not self._wake.is_set():
-                self._wake.set()
-        except queue.Full:
+        self._put("event", doc)
+
+    def _put(self, kind: str, item: Any) -> None:
+        if len(self._q) >= self.queue_size:  # (two threads submitting at once may both pass: one over, harmless)
             self.dropped_queue_full += 1
+            return
+        self._q.append((kind, item))
+        if not self._wake.is_set():
+            self._wake.set()
+
+    @property
+    def queue_full(self) -> bool:
+        return len(self._q) >= self.queue_size
 
     # --- the publisher thread ----------------------------------------------------------------------
     def _spool_one(self, kind: str, item: Any) -> int:
@@ -323,6 +327,7 @@ class Publisher(Session):
                 self._on_event(doc)
 
     def _run(self) -> None:
+        self.client.deferred_writer = threading.get_ident()  # the network thread writes what this one publishes
         try:
             self._loop()
         except Exception as exc:  # a bug: the thread ends; the daemon sees it (Daemon._health) and exits
@@ -335,10 +340,10 @@ class Publisher(Session):
         n = size = 0
         try:
             while n < TAKE_ROWS and size < self._take_bytes:
-                kind, item = self._q.get_nowait()
+                kind, item = self._q.popleft()
                 n += 1
                 size += self._spool_one(kind, item)
-        except queue.Empty:
+        except IndexError:  # empty
             pass
         except Exception:  # a loop boundary: log once, count, keep going
             logger.exception("publisher: cannot spool a message")
@@ -347,7 +352,7 @@ class Publisher(Session):
         last_commit = time.monotonic()
         interval = self.spool_cfg.commit_interval_ms / 1000.0
         while True:
-            if self._q.empty():  # a full group was taken last turn: what is left is taken at once
+            if not self._q:  # a full group was taken last turn: what is left is taken at once
                 self._wake.wait(min(0.05, interval))
             self._wake.clear()
             now = self.last_progress = time.monotonic()
@@ -357,7 +362,7 @@ class Publisher(Session):
             # age bound: it runs every interval even when nothing comes.
             pending = self.spool.pending_commit
             full = pending >= TAKE_ROWS or self.spool.pending_bytes >= self._take_bytes
-            due = now - last_commit >= interval or (pending and (self._q.empty() or full))
+            due = now - last_commit >= interval or (pending and (not self._q or full))
             if due and self._commit_backoff.due(now) and self._storage(self._commit_backoff, self.spool.commit, now):
                 last_commit = now
                 if pending:
@@ -365,7 +370,7 @@ class Publisher(Session):
             if self._deliver_backoff.due(now):
                 self._storage(self._deliver_backoff, self._deliver, now)
             self._announce_recoveries()
-            if self._stop.is_set() and self._q.empty():
+            if self._stop.is_set() and not self._q:
                 if self._storage(self._commit_backoff, self.spool.commit, now):
                     self._maybe_unsent = True
                 return

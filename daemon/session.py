@@ -18,6 +18,8 @@
   topics never reaches paho, which reads every packet whole into memory.
 - What comes in is the `Inbox`'s business (daemon/inbox.py): it names the subscriptions made at every
   connect and routes each message.
+- The client is `DeviceClient` (daemon/mqtt_client.py): paho with its per-PUBACK decoding and debug
+  lines cut, and the publisher thread's packets written by the network thread.
 
 `Publisher` (daemon/publish.py) is this session plus the spool and the delivery of what goes out.
 """
@@ -29,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import MQTTErrorCode
@@ -43,6 +45,7 @@ from edged.protocol.schemas import dumps, iso, status_doc
 
 from .config import MqttConfig
 from .inbox import Inbox
+from .mqtt_client import DeviceClient
 
 # the MQTT log lines keep the logger name they had before the split (operators and tests grep for it)
 logger = logging.getLogger("edged.daemon.publish")
@@ -79,9 +82,13 @@ class Session:
         self.last_error = ""
         self.last_net_progress = time.monotonic()
         self.spool_state = "ok"  # "failing" while storage operations fail (the publisher's; status shows it)
-        self.client = make_client(
-            cfg, cfg.client_id or f"edged-{device_id}", will=(topics.status(self.root), self._status_json("offline"))
+        client = make_client(
+            cfg,
+            cfg.client_id or f"edged-{device_id}",
+            will=(topics.status(self.root), self._status_json("offline")),
+            client_class=DeviceClient,
         )
+        self.client = cast(DeviceClient, client)
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message

@@ -24,14 +24,16 @@ Age: `max_age_s` is judged on the spool's own clock, a monotonic clock carried a
 the file (`meta.clock_s`), never on the wall clock, which jumps on boards without an RTC when NTP
 sets it. Time the daemon is not running does not count toward a message's age.
 
-Cost: nothing per commit or per send depends on how many rows wait. Rows are read after a cursor
-by id, deleted by id ranges, and the bounds cut a prefix walked from the oldest row (rows are in
-clock order by id); `rows` and `bytes` are counted once at open and kept in step by every write.
+Cost: nothing per commit or per send depends on how many rows wait. Rows are inserted up to 128 to a
+statement, read after a cursor by id (those this process just committed, from memory), deleted by id
+ranges, and the bounds cut a prefix walked from the oldest row (rows are in clock order by id); `rows`
+and `bytes` are counted once at open and kept in step by every write.
 Storage faults (disk full, I/O errors, a deleted, replaced or corrupt file): see spool_file.py.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sqlite3
@@ -53,6 +55,15 @@ class Row(NamedTuple):  # a tuple: built for every row sent, a frozen dataclass 
     topic: str
     payload: bytes
     qos: int
+
+
+INSERT_ROWS = 128  # rows per INSERT statement: 7 parameters each, within SQLite's oldest limit of 999
+
+
+@functools.lru_cache(maxsize=8)
+def _insert_sql(rows: int) -> str:
+    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * rows)
+    return f"INSERT INTO messages (id, topic, payload, qos, created, size, clock_s) VALUES {values}"  # noqa: S608
 
 
 def _runs(ids: list[int]) -> list[tuple[int, int]]:
@@ -95,6 +106,11 @@ class Spool(SpoolFile):
         self._bounds_logged_at = -1e9
         path.parent.mkdir(parents=True, exist_ok=True)
         self._open_or_quarantine()
+        # The rows this process committed, kept for after() (see there): every committed row with an id over
+        # _unsent_floor is in _unsent, oldest first, until a read passes it or the memory bound drops it
+        self._unsent: deque[Row] = deque()
+        self._unsent_bytes = 0
+        self._unsent_floor = self._last_id
         self._hold_reserve()
         if self.rows:
             logger.info(
@@ -113,6 +129,11 @@ class Spool(SpoolFile):
     @property
     def pending_bytes(self) -> int:
         return self._pending_bytes
+
+    @property
+    def last_id(self) -> int:
+        """The newest committed row's id (ids never go back)."""
+        return self._last_id
 
     def append(self, topic: str, payload: bytes, qos: int) -> None:
         """Held in memory until commit(); bounded by `max_unsaved_bytes` (the oldest go, counted)."""
@@ -228,11 +249,7 @@ class Spool(SpoolFile):
                 # meta row does, in this transaction, or the older rows left would be judged younger
                 self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('clock_s', ?)", (now,))
             if inserts:
-                self.db.executemany(
-                    "INSERT INTO messages (id, topic, payload, qos, created, size, clock_s) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    ((self._last_id + i, *row) for i, row in enumerate(self._pending, 1)),
-                )
+                self._insert_pending()
             self.db.execute("COMMIT")
             return freed, rows, clock
 
@@ -251,11 +268,38 @@ class Spool(SpoolFile):
         self.bytes -= freed
         self.rows -= rows
         if inserts:
+            self._keep_unsent()
             self._last_id += len(self._pending)
             self.rows += len(self._pending)
             self.bytes += self._pending_bytes
             self._pending.clear()
             self._pending_bytes = 0
+
+    def _keep_unsent(self) -> None:
+        """The rows just committed, for after(); bounded by half of max_unsaved_bytes (the oldest go first:
+        after() reads those from the file)."""
+        self._unsent.extend([Row(i, p[0], p[1], p[2]) for i, p in enumerate(self._pending, self._last_id + 1)])
+        self._unsent_bytes += self._pending_bytes
+        while self._unsent_bytes > self.max_unsaved_bytes // 2 and self._unsent:
+            self._forget_unsent()
+
+    def _forget_unsent(self) -> None:
+        row = self._unsent.popleft()
+        self._unsent_bytes -= len(row.payload)
+        self._unsent_floor = row.id
+
+    def _insert_pending(self) -> None:
+        """The appended rows, INSERT_ROWS to a statement: one step of SQLite per statement, not per row. Each
+        step lets go of the interpreter lock, and under load taking it back can wait for another thread's
+        switch interval (5 ms): per-row steps made a group's insert the slowest part of the publisher."""
+        pending, first = list(self._pending), self._last_id + 1
+        for start in range(0, len(pending), INSERT_ROWS):
+            chunk = pending[start : start + INSERT_ROWS]
+            params: list[object] = []
+            for row_id, row in enumerate(chunk, first + start):
+                params.append(row_id)
+                params.extend(row)
+            self.db.execute(_insert_sql(len(chunk)), params)
 
     def _older_rows_left(self, last_deleted: int) -> bool:
         """Whether rows are left and all are older than a deleted one (one step down the id index). Left
@@ -269,11 +313,20 @@ class Spool(SpoolFile):
         self.rows -= len(self._acked)
         self._acked.clear()
         self._acked_max = 0
+        self.forget_unsent()  # their rows are lost with the file
         super().recover_corrupt(reason)
 
     def after(self, last_id: int, limit: int) -> list[Row]:
-        """Committed rows with id > last_id, oldest first; not those acknowledged and not yet deleted."""
+        """Committed rows with id > last_id, oldest first; not those acknowledged and not yet deleted.
+
+        Rows this process committed are read from memory while the cursor is past `_unsent_floor` (the
+        sender reads each row once, right after its commit): a read from the file takes one SQLite step per
+        row, and each step lets go of the interpreter lock, which under load can take milliseconds to get
+        back. Older rows (from before this start, past the memory bound, or sent again after a refusal)
+        come from the file."""
         self._ensure_open()
+        if last_id >= self._unsent_floor:
+            return self._after_unsent(last_id, limit)
         try:
             rows = self.db.execute(
                 "SELECT id, topic, payload, qos FROM messages WHERE id > ? ORDER BY id LIMIT ?",
@@ -284,6 +337,26 @@ class Spool(SpoolFile):
         if self._acked_max <= last_id:  # the sender's cursor is past them (so no copy per read of a backlog)
             return [Row(*r) for r in rows]
         return [Row(*r) for r in rows if r[0] not in self._acked][:limit]
+
+    def forget_unsent(self) -> None:
+        """From now on after() reads every row committed so far from the file, as after a restart (benchmarks
+        compare the two reads)."""
+        self._unsent.clear()
+        self._unsent_bytes = 0
+        self._unsent_floor = self._last_id
+
+    def _after_unsent(self, last_id: int, limit: int) -> list[Row]:
+        unsent = self._unsent
+        while unsent and (unsent[0].id <= last_id or unsent[0].id <= self._dropped_upto):
+            self._forget_unsent()  # read past (the cursor only goes back below the floor), or cut by a bound
+        skip = self._acked_max > last_id  # acknowledged rows past the cursor (a refused topic's retry)
+        rows: list[Row] = []
+        for row in unsent:
+            if len(rows) >= limit:
+                break
+            if not (skip and row.id in self._acked):
+                rows.append(row)
+        return rows
 
     def delete(self, ids: list[int]) -> None:
         """Acknowledged rows: gone from after() at once, from the file with the next commit() (the publisher

@@ -62,10 +62,16 @@ class MqttSettings(Protocol):
     def max_inflight(self) -> int: ...
 
 
-def make_client(cfg: MqttSettings, client_id: str, will: tuple[str, bytes] | None = None) -> mqtt.Client:
+def make_client(
+    cfg: MqttSettings,
+    client_id: str,
+    will: tuple[str, bytes] | None = None,
+    client_class: type[mqtt.Client] = mqtt.Client,
+) -> mqtt.Client:
     """A paho client set up from `cfg`: MQTT v5, TLS and credentials from files; `will` is (topic, payload) of
-    a retained QoS 1 last will (a device's ``offline`` status). ConfigError names what cannot be loaded."""
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    a retained QoS 1 last will (a device's ``offline`` status); `client_class`: paho's Client or a subclass
+    (the daemon's, daemon/mqtt_client.py). ConfigError names what cannot be loaded."""
+    client = client_class(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
     if cfg.tls is not None:
         for f in (cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file):
             if f is not None and not f.is_file():

@@ -227,13 +227,17 @@ def test_spool_does_not_fill_a_small_filesystem_by_itself(
     writes never fail, and when the broker returns the rest is delivered in order."""
     with tmpfs(tmp_path / "tiny", "512k") as fs:
         (tmp_path / "broker").mkdir()
-        broker = Broker(tmp_path / "broker")  # away at first
+        broker = Broker(tmp_path / "broker", persistence=True)
+        # the subscriber's session (persistent, kept across the broker's restart) exists before the daemon can
+        # reach the broker, so what the daemon drains the moment it is back is queued for it, not raced
+        broker.start()
+        sub = subscribe(broker, "edged/test-01/#", persistent=True)
+        broker.stop()  # away at first
         doc = base_config(broker, demo, tmp_path, cams(30), state_dir=str(fs / "state"))
         d = start_daemon(write_config(tmp_path / "c.yaml", doc))
         wait_until(lambda: "spool: over its bounds (0.12 MB" in d.output(), 60, "the spool at its filesystem bound")
         broker.start()
         try:
-            sub = subscribe(broker, "edged/test-01/#")
             wait_until(lambda: len(sub.results()) >= 100, 30, "the spooled results and new ones")
             assert d.stop() == 0, d.output()[-3000:]
         finally:

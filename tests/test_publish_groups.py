@@ -3,6 +3,7 @@ producer that keeps the queue full never makes it hold more in memory than the s
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from edged.daemon.config import MqttConfig, SpoolConfig
@@ -29,3 +30,21 @@ def test_a_full_queue_is_committed_in_groups_and_nothing_is_dropped(tmp_path: Pa
     finally:
         pub.stop(timeout_s=0.5)
     assert pub.left_in_spool == 1000
+
+
+def test_a_full_queue_drops_what_comes_and_counts_it(tmp_path: Path) -> None:
+    """The hand-over is a bounded deque now (not a queue.Queue): submit() still never blocks, drops what
+    comes when `queue_size` wait, and counts it; what was queued is spooled in order."""
+    spool = Spool(tmp_path / "s.db", 10**8, 3600)
+    pub = Publisher(MqttConfig(host="127.0.0.1", port=free_port()), SpoolConfig(), spool, "dev", "edged/dev",
+                    "0" * 32, dict, queue_size=3)  # fmt: skip
+    for i in range(5):
+        pub.submit_event({"type": "e", "n": i})
+    assert pub.queue_full and pub.dropped_queue_full == 2
+    pub.start()
+    try:
+        wait_until(lambda: pub.spooled == 3 and spool.pending_commit == 0, 30, "the queue spooled")
+        assert not pub.queue_full
+        assert [json.loads(r.payload)["n"] for r in spool.after(0, 10)] == [0, 1, 2]
+    finally:
+        pub.stop(timeout_s=0.5)
