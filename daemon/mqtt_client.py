@@ -1,4 +1,4 @@
-"""The device's paho client: paho-mqtt 2.x with two per-message costs of its own cut (issue 18).
+"""The device's paho client: paho-mqtt 2.x with its writes kept on one thread and two per-message costs cut (issue 18).
 
 - Debug log lines: paho formats one for every PUBLISH sent and every PUBACK received and hands it to
   `on_log`, which the session sets for paho's error lines (the reason a TLS session was closed). Here the
@@ -10,12 +10,13 @@
   set; any other (a failure code, properties) goes through paho's own decoding. `on_publish` handlers
   must not modify what they are given.
 
-- Writes: paho writes a packet on the socket from whichever thread publishes it (its network thread is
-  our own, not paho's `loop_start`). The packets of `deferred_writer` (the publisher thread, which hands
-  out rows in bursts) are left queued instead: paho wakes the network thread through its socket pair for
-  every packet queued, and that thread writes them, as it writes those it sends on each PUBACK. The
-  publisher thread makes one system call per message instead of two, and does not wait to take the
-  interpreter lock back after a write while the network thread holds it.
+- Writes: only the network thread writes the socket. paho, when its network thread is not its own
+  (`loop_start`) but ours, writes a packet in whichever thread publishes it, concurrently with the
+  network thread: two threads writing one stream interleave a big packet written in part with another
+  (mosquitto then drops us for a malformed packet; with TLS, one SSL object is used by two threads at
+  once), and the publisher thread, the busiest on an idle machine, pays a system call per message. A
+  registered write callback makes paho queue the packet and wake the network thread's select through its
+  socket pair instead; that thread writes it, as it writes those it sends on each PUBACK.
 
 Everything else is paho's: the PUBACK is matched, the message released and the next queued one sent by
 paho's `_do_on_publish`, as for any PUBACK. The hooks are paho 2.x's (pinned < 3 in pyproject.toml);
@@ -24,7 +25,6 @@ tests/test_mqtt_client.py checks both paths against a real broker.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Literal
 
 import paho.mqtt.client as mqtt
@@ -40,13 +40,15 @@ _SUCCESS = {code: ReasonCode(PacketTypes.PUBACK, identifier=code) for code in (0
 _NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
 
 
-class DeviceClient(mqtt.Client):
-    deferred_writer: int | None = None  # a thread whose packets the network thread writes (the publisher's)
+def _written_by_the_network_thread(client: mqtt.Client, userdata: Any, sock: Any) -> None:
+    """paho's write callback: registered, it keeps paho from writing in the publishing thread (nothing to do:
+    the socket pair has woken the network thread)."""
 
-    def loop_write(self) -> MQTTErrorCode:
-        if self.deferred_writer == threading.get_ident() and self._sockpairW is not None:
-            return MQTTErrorCode.MQTT_ERR_SUCCESS  # queued: the socket pair woke the network thread, which writes it
-        return super().loop_write()
+
+class DeviceClient(mqtt.Client):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_socket_register_write = _written_by_the_network_thread
 
     def _easy_log(self, level: Any, fmt: str, *args: Any) -> None:
         if level == mqtt.MQTT_LOG_DEBUG and self._logger is None:

@@ -327,7 +327,6 @@ class Publisher(Session):
                 self._on_event(doc)
 
     def _run(self) -> None:
-        self.client.deferred_writer = threading.get_ident()  # the network thread writes what this one publishes
         try:
             self._loop()
         except Exception as exc:  # a bug: the thread ends; the daemon sees it (Daemon._health) and exits

@@ -2,10 +2,8 @@
 
 - The network thread calls paho's `loop()`, so it reports progress for the watchdog
   (`network_alive`); a dead one is started again by the main loop (`restart_network`). It is the only
-  thread that touches the socket: paho, not running its own thread, would write a publish to the socket
-  in the publishing thread, concurrently with this one, and two threads writing one stream interleave
-  their packets (the broker then disconnects us for a malformed packet; with TLS, one SSL object is
-  used by two threads at once); so publishes are queued and the network thread is woken. Connection
+  thread that touches the socket (the client, daemon/mqtt_client.py, queues what other threads publish
+  and wakes it). Connection
   failures (refused, TLS, DNS) are logged once with the reason and retried with full-jitter backoff
   (a random wait up to 1 s doubling to `mqtt.reconnect_max_s`), so a fleet that lost its broker at the
   same instant does not knock again in step.
@@ -93,9 +91,6 @@ class Session:
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
         self.client.on_log = self._on_log
-        # registering a write callback stops paho from writing in the publishing thread (it queues the
-        # packet and wakes our network thread's select instead); see the module's docstring
-        self.client.on_socket_register_write = lambda client, userdata, sock: None
         self._disconnected = threading.Event()  # our DISCONNECT was written (or the connection was lost)
         self._closing = threading.Event()  # disconnect() was called: the network thread connects no more
         self._socket_error = ""

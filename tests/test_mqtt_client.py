@@ -78,9 +78,9 @@ def test_debug_lines_are_not_formatted_for_on_log_unless_a_logger_is_attached(br
     device.loop_stop()
 
 
-def test_the_deferred_writers_packets_are_written_by_the_network_thread(broker: Broker) -> None:
+def test_packets_published_by_another_thread_are_written_by_the_network_thread(broker: Broker) -> None:
     """As the session drives it (its own thread calling loop(), not paho's loop_start): a PUBLISH queued by
-    `deferred_writer` (the publisher thread) is written by the network thread, never by its own."""
+    another thread (the publisher's, a command's) is written by the network thread, never by its own."""
     device = DeviceClient(CallbackAPIVersion.VERSION2, client_id="device", protocol=mqtt.MQTTv5)
     writes: list[tuple[str, int]] = []
     send = device._sock_send
@@ -104,7 +104,6 @@ def test_the_deferred_writers_packets_are_written_by_the_network_thread(broker: 
         infos: list[mqtt.MQTTMessageInfo] = []
 
         def publisher() -> None:
-            device.deferred_writer = threading.get_ident()
             infos.extend(device.publish("t/a", b"%d" % i, qos=1) for i in range(20))
 
         pub = threading.Thread(target=publisher, name="publisher")
