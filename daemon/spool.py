@@ -111,6 +111,7 @@ class Spool(SpoolFile):
         self._unsent: deque[Row] = deque()
         self._unsent_bytes = 0
         self._unsent_floor = self._last_id
+        self._served_upto = 0  # the newest id after() has handed out from memory
         self._hold_reserve()
         if self.rows:
             logger.info(
@@ -325,6 +326,13 @@ class Spool(SpoolFile):
         back. Older rows (from before this start, past the memory bound, or sent again after a refusal)
         come from the file."""
         self._ensure_open()
+        if last_id < self._served_upto:
+            # the sender went back (a refused topic's hold is over): what memory gave it since may have been
+            # acknowledged and deleted meanwhile (and QoS 0 rows deleted when sent); the file knows, memory
+            # does not, so it is read from there (memory takes over again past what it handed out)
+            while self._unsent and self._unsent[0].id <= self._served_upto:
+                self._forget_unsent()
+            self._unsent_floor = max(self._unsent_floor, self._served_upto)
         if last_id >= self._unsent_floor:
             return self._after_unsent(last_id, limit)
         try:
@@ -356,6 +364,8 @@ class Spool(SpoolFile):
                 break
             if not (skip and row.id in self._acked):
                 rows.append(row)
+        if rows:
+            self._served_upto = max(self._served_upto, rows[-1].id)
         return rows
 
     def delete(self, ids: list[int]) -> None:

@@ -26,7 +26,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edged.daemon.app import Daemon
-from edged.daemon.config import load_config
+from edged.daemon.config import MqttConfig, SpoolConfig, load_config
+from edged.daemon.publish import Publisher
 from edged.daemon.spool import Spool, SpoolError
 from edged.daemon.telemetry import RunSummary
 from edged.models.demo import DemoAssets
@@ -323,6 +324,31 @@ def test_refused_publishes_stay_in_the_spool_and_go_once_the_acl_allows(
     finally:
         if sub is not None:
             sub.close()
+        broker.stop()
+
+
+def test_a_held_topics_retry_does_not_send_other_topics_again(subscribe, tmp_path: Path) -> None:
+    """While the broker refuses one topic, its rows are retried with backoff from the first held one: the
+    other topics' rows between them, delivered and deleted meanwhile, are not sent again on every retry."""
+    acl = tmp_path / "edged.acl"
+    acl.write_text("topic readwrite edged/dev/b/#\ntopic read #\n")  # anonymous: edged/dev/a is refused
+    broker = Broker(tmp_path, extra=f"allow_anonymous true\nacl_file {acl}")
+    broker.start()
+    spool = Spool(tmp_path / "s.db", 10**8, 3600)
+    for i, topic in enumerate("abab", 1):
+        spool.append(f"edged/dev/{topic}/x", b"row%d" % i, 1)
+    spool.commit()
+    pub = Publisher(MqttConfig(host=broker.host, port=broker.port), SpoolConfig(), spool, "dev", "edged/dev",
+                    "0" * 32, dict)  # fmt: skip
+    try:
+        sub = subscribe(broker, "edged/dev/#")
+        pub.start()
+        wait_until(lambda: pub.refused >= 4, 20, "the held topic retried")  # a first refusal, then retries
+        wait_until(lambda: len(sub.on("dev/b/x")) >= 2, 10, "b's rows")
+        assert sorted(m.payload for m in sub.on("dev/b/x")) == [b"row2", b"row4"], "each delivered once"
+        assert pub.acked == 2 and spool.rows == 2
+    finally:
+        pub.stop(timeout_s=0.5)
         broker.stop()
 
 

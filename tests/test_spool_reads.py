@@ -80,3 +80,21 @@ def test_reads_from_memory_answer_as_the_file_does(tmp_path: Path) -> None:
     spool.commit()
     assert [(r.id, r.payload) for r in spool.after(105, 10)] == [(111, b"c")]
     spool.close()
+
+
+def test_a_cursor_sent_back_after_deliveries_reads_what_the_file_holds(tmp_path: Path) -> None:
+    """A refused topic's hold ends and the sender goes back to its first held row: rows of other topics it
+    was handed from memory since were acknowledged and deleted with a commit; they are not handed out again."""
+    spool = Spool(tmp_path / "s.db", 10**6, 0)
+    for i, topic in enumerate("abab", 1):
+        spool.append(topic, b"row%d" % i, 1)
+    spool.commit()
+    assert [r.id for r in spool.after(0, 10)] == [1, 2, 3, 4]
+    spool.delete([2, 4])  # b's PUBACKs; a is refused (held)
+    spool.commit()
+    again = spool.after(0, 10)
+    assert [tuple(r) for r in again] == _from_file(tmp_path / "s.db", 0, 10) and [r.id for r in again] == [1, 3]
+    spool.append("b", b"row5", 1)
+    spool.commit()
+    assert [r.id for r in spool.after(3, 10)] == [5]  # and past it, the newest rows as before
+    spool.close()
