@@ -1,7 +1,7 @@
 """The device's paho client (daemon/mqtt_client.py) against a real mosquitto: a plain success PUBACK is
 handed on without paho's per-PUBACK decoding, every other PUBACK (a refusal) as paho decodes it, paho's
-per-message debug lines are not formatted for `on_log` unless a logger is attached, and the publisher
-thread's packets are written by the network thread."""
+per-message debug lines are not formatted for `on_log` unless a logger is attached, and packets published
+by other threads are written by the network thread."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edged.daemon.mqtt_client import _SUCCESS, DeviceClient
@@ -116,3 +117,22 @@ def test_packets_published_by_another_thread_are_written_by_the_network_thread(b
         device.disconnect()
     publishes = [name for name, kind in writes if kind == 0x30]
     assert publishes == ["network"] * 20, publishes
+
+
+@pytest.mark.parametrize("protocol", [mqtt.MQTTv5, mqtt.MQTTv311])
+def test_a_window_of_one_sends_every_queued_message_at_qos_1_and_2(broker: Broker, protocol: int) -> None:
+    """What the short path leaves to paho still works: the next queued message goes on each PUBACK (QoS 1)
+    and PUBCOMP (QoS 2, paho's own decoding), on MQTT v5 and v3.1.1 (paho's own decoding), and the
+    in-flight count comes back to 0."""
+    device = DeviceClient(CallbackAPIVersion.VERSION2, client_id="window", protocol=protocol)
+    device.max_inflight_messages_set(1)
+    device.connect(broker.host, broker.port)
+    device.loop_start()
+    try:
+        wait_until(device.is_connected, 10, "connected")
+        infos = [device.publish("t/a", b"%d" % i, qos=qos) for qos in (1, 2) for i in range(30)]
+        wait_until(lambda: all(i.is_published() for i in infos), 20, "60 messages acknowledged")
+        assert device._inflight_messages == 0 and not device._out_messages
+    finally:
+        device.disconnect()
+        device.loop_stop()
