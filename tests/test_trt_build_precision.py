@@ -11,7 +11,6 @@ tests/test_tensorrt_api.py checks the same path against the real bindings of eve
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from edged.models.demo import DemoAssets
 from edged.models.package import open_package
 from tests.conftest import base_config, write_config
 from tests.trt_standin import tensorrt as standin_trt
-from tests.trt_standin.pycuda import driver as standin_cuda
+from tests.trt_standins import use_standins
 
 
 class Nowhere:
@@ -38,12 +37,7 @@ def strongly_typed_tensorrt(monkeypatch: pytest.MonkeyPatch, version: str) -> No
     if version.startswith("11."):
         monkeypatch.delattr(standin_trt.BuilderFlag, "FP16")
         monkeypatch.delattr(standin_trt.BuilderFlag, "INT8")
-    pycuda = type(sys)("pycuda")
-    pycuda.driver = standin_cuda  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tensorrt", standin_trt)
-    monkeypatch.setitem(sys.modules, "pycuda", pycuda)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", standin_cuda)
-    monkeypatch.setattr(loader, "tensorrt_unavailable_reason", lambda: None)  # no /dev/nvidia0 here
+    use_standins(monkeypatch)
 
 
 def start(demo: DemoAssets, tmp_path: Path, **model: Any) -> str:

@@ -8,26 +8,20 @@ and writes down. tests/test_tensorrt_api.py checks that every call exists in eac
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from edged.models.demo import DemoAssets
 from edged.quantize.engine import build_engine_package
-from tests.trt_standin import tensorrt as standin_trt
-from tests.trt_standin.pycuda import driver as standin_cuda
+from tests.trt_standins import use_standins
 
 
 @pytest.fixture
 def building_tensorrt(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRT_STANDIN_BUILD", "1")
     monkeypatch.delenv("TRT_STANDIN_FAULT", raising=False)
-    pycuda = type(sys)("pycuda")
-    pycuda.driver = standin_cuda  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tensorrt", standin_trt)
-    monkeypatch.setitem(sys.modules, "pycuda", pycuda)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", standin_cuda)
+    use_standins(monkeypatch, no_gpu_check=False)
 
 
 @pytest.mark.usefixtures("building_tensorrt")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import platform
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from edged.quantize.engine import build_engine_package
 from tests.conftest import base_config, write_config
 from tests.trt_standin import tensorrt as standin_trt
 from tests.trt_standin.pycuda import driver as standin_cuda
+from tests.trt_standins import use_standins
 
 SHAPE = (256, 256, 3)  # BlazeFace back's input row
 
@@ -54,12 +54,7 @@ def building_tensorrt(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """`import tensorrt` / `pycuda.driver` get the stand-ins, whose builder builds; returns what it was asked."""
     monkeypatch.setenv("TRT_STANDIN_BUILD", "1")
     monkeypatch.delenv("TRT_STANDIN_FAULT", raising=False)
-    pycuda = type(sys)("pycuda")
-    pycuda.driver = standin_cuda  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tensorrt", standin_trt)
-    monkeypatch.setitem(sys.modules, "pycuda", pycuda)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", standin_cuda)
-    monkeypatch.setattr(loader, "tensorrt_unavailable_reason", lambda: None)  # no /dev/nvidia0 here
+    use_standins(monkeypatch)
     monkeypatch.setattr(standin_trt, "BUILDS", [])
     return standin_trt.BUILDS
 
