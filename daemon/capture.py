@@ -162,8 +162,11 @@ class Camera:
         while not self._stop.is_set():
             try:
                 source = self._opener(self.cfg)
-            except CaptureError as exc:
-                self._down(str(exc))
+            except Exception as exc:  # a loop boundary: a camera thread never dies, it retries with backoff
+                if not isinstance(exc, CaptureError):
+                    logger.exception("camera %s: unexpected error opening it", self.name)
+                    self.stats.errors += 1
+                self._down(str(exc) or type(exc).__name__)
                 failed_before = True
                 if self._stop.wait(backoff.next_s()):
                     break

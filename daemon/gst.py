@@ -64,19 +64,47 @@ def _load_once() -> tuple[Any, Any, str]:
 
             gi.require_version("Gst", "1.0")
             gi.require_version("GstApp", "1.0")
-            # GstApp: appsink's pull methods
+            # GstApp: appsink's pull methods (resolved below)
             from gi.repository import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
                 GLib,
                 Gst,
-                GstApp,  # noqa: F401
+                GstApp,
             )
     except (ImportError, ValueError) as exc:
         return None, None, f"PyGObject/GStreamer not importable: {exc}"
     Gst.init(None)
+    _resolve_now(Gst, GLib, GstApp)
     dec = Gst.ElementFactory.find("nvv4l2decoder")
     if dec is not None:  # decodebin must take the hardware decoder over avdec_*
         dec.set_rank(Gst.Rank.PRIMARY + 100)
     return Gst, GLib, ""
+
+
+# What this module and its callbacks touch, by attribute path from the gi module they live in.
+_RESOLVED = {
+    "Gst": (
+        "EventType.CAPS PadProbeReturn.OK PadProbeType.EVENT_DOWNSTREAM PadProbeType.BUFFER State.NULL State.PLAYING "
+        "StateChangeReturn.FAILURE MessageType.ERROR MessageType.EOS IteratorResult.OK MapFlags.READ Rank.PRIMARY "
+        "CLOCK_TIME_NONE PadProbeInfo Event Caps Structure Sample Buffer MapInfo Message Bus Pad Element Bin Pipeline "
+        "Iterator ElementFactory Object"
+    ),
+    "GLib": "Error",
+    "GstApp": "AppSink",
+    "Gio": "TlsFileDatabase TlsCertificate TlsConnection TlsCertificateFlags",
+}
+
+
+def _resolve_now(*modules: Any) -> None:
+    """PyGObject builds a module's classes and enum members lazily, on first use, and not safely across
+    threads: cameras opening at once saw enums without members ("type object 'PadProbeReturn' has no
+    attribute 'OK'") and a wrapper class made twice ("Expected Gst.PadProbeInfo, but got
+    gi.repository.Gst.PadProbeInfo"), and their threads died. Everything used is resolved here, once,
+    under the load lock, before any camera thread touches it."""
+    for module in modules:
+        for path in _RESOLVED[module.__name__.rsplit(".", 1)[-1]].split():
+            obj = module
+            for name in path.split("."):
+                obj = getattr(obj, name)
 
 
 def _unwind_with_libgcc() -> None:
@@ -89,12 +117,19 @@ def _unwind_with_libgcc() -> None:
 
 
 def _gio() -> Any:
+    with _LOAD_LOCK:
+        return _gio_once()
+
+
+@cache
+def _gio_once() -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ImportWarning)
         import gi  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
         gi.require_version("Gio", "2.0")
         from gi.repository import Gio  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    _resolve_now(Gio)
     return Gio
 
 
@@ -163,8 +198,8 @@ class GstSource:
         # scaler (in the appsink) when the source changes resolution keeps the size it was scaled from
         self._sizes: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self._sizes_lock = threading.Lock()
-        # what the probes (on GStreamer's streaming threads) compare and return, looked up once here: PyGObject
-        # resolves these lazily, which fails ("no attribute 'CAPS'") in a probe running at interpreter exit
+        # what the probes (on GStreamer's streaming threads) compare and return, looked up once here: a probe
+        # running at interpreter exit cannot look them up ("no attribute 'CAPS'")
         self._caps_event, self._probe_ok, self._no_pts = gst.EventType.CAPS, gst.PadProbeReturn.OK, gst.CLOCK_TIME_NONE
         try:
             self.pipeline = gst.parse_launch(p.description)
@@ -214,8 +249,8 @@ class GstSource:
         certificate pins it), or, with tls_verify false, any certificate. rtspsrc checks against its
         tls-database with tls-validation-flags; what fails those checks goes to accept-certificate,
         which refuses it (recording why) or, with tls_verify false, accepts it."""
+        gio = _gio()  # also resolves the types accept-certificate passes
         if self._tls.ca_file is not None:
-            gio = _gio()
             try:
                 database = gio.TlsFileDatabase.new(str(self._tls.ca_file))
             except Exception as exc:  # GLib.Error: unreadable, or no certificate in it

@@ -118,6 +118,29 @@ def test_realtime_file_with_fps_cap_and_slow_consumer_drops(demo: DemoAssets, ri
     assert s.state == "up" and 1.7 <= took <= 3.5 and s.drops == s.frames - 1, (took, s.frames, s.drops)
 
 
+def test_a_camera_whose_open_raises_a_bug_retries_instead_of_dying(rig, caplog: pytest.LogCaptureFixture) -> None:
+    """An exception that is not a CaptureError (a library bug, as PyGObject's first-use race was) ended the
+    camera's thread for good: that camera never sent a result again. Now it is logged with its traceback,
+    counted, and the camera retries with backoff."""
+    from edged.daemon.sources import SyntheticSource
+
+    cond, stop = rig
+    calls = itertools.count()
+
+    def opener(_cfg: CameraConfig) -> SyntheticSource:
+        if next(calls) < 2:
+            raise AttributeError("type object 'PadProbeReturn' has no attribute 'OK'")
+        return SyntheticSource(64, 48, 30)
+
+    cfg = CameraConfig.model_validate({"name": "c", "uri": "synthetic://?fps=30", "reconnect_min_s": 0.05})
+    cam = Camera(cfg, Preprocessor(SPEC), cond, stop, opener=opener)
+    consumer = Consumer([cam], cond, stop)
+    cam.start()
+    wait_until(lambda: consumer.count("c") >= 5, 10, "frames after two failed opens")
+    assert cam.stats.errors == 2 and cam.stats.reconnects == 1 and cam.stats.state == "up"
+    assert "has no attribute 'OK'" in caplog.text and "Traceback" in caplog.text
+
+
 def test_file_that_disappears_reconnects_while_another_camera_serves(demo: DemoAssets, rig, tmp_path: Path) -> None:
     cond, stop = rig
     video = tmp_path / "cam.mp4"

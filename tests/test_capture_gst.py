@@ -289,6 +289,49 @@ def test_four_rtsp_cameras_at_once(h264_video: Path, servers, rig) -> None:
     assert all(c.stats.reconnects == 0 and c.stats.state == "up" for c in cams)
 
 
+FIRST_OPENS = """
+import json, sys, threading, time
+from edged.daemon.capture import Camera
+from edged.daemon.config import CameraConfig
+from edged.daemon.preprocess import Preprocessor
+from edged.models.package import InputSpec
+sys.setswitchinterval(1e-5)  # threads switch often: what a busy device does now and then
+video, n = sys.argv[1], int(sys.argv[2])
+cond, stop = threading.Condition(), threading.Event()
+spec = InputSpec(name="x", shape=[1, 64, 64, 3], layout="NHWC")
+cfgs = [{"name": f"c{i}", "uri": f"file://{video}", "realtime": False, "loop": True} for i in range(n)]
+cams = [Camera(CameraConfig.model_validate(c), Preprocessor(spec), cond, stop) for c in cfgs]
+for c in cams:
+    c.start()
+got, end = {c.name: 0 for c in cams}, time.monotonic() + 20
+while min(got.values()) < 5 and time.monotonic() < end:
+    with cond:
+        for c in cams:
+            taken = c.take_locked()
+            if taken:
+                got[c.name] += 1
+                c.release_locked(taken[0])
+        cond.wait(0.05)
+stop.set()
+print(json.dumps({"frames": got, "errors": sum(c.stats.errors for c in cams)}))
+"""
+
+
+def test_cameras_opening_at_once_in_a_fresh_process_all_come_up(demo: DemoAssets) -> None:
+    """PyGObject builds its classes and enum members on first use, not safely across threads: GStreamer
+    cameras opening at once in a new daemon saw "type object 'PadProbeReturn' has no attribute 'OK'" or
+    "Expected Gst.PadProbeInfo, but got gi.repository.Gst.PadProbeInfo", and their threads died (4 of 6
+    fresh processes here lost cameras). Three fresh processes, six cameras each, threads switching often."""
+    for _ in range(3):
+        run = subprocess.run(
+            [sys.executable, "-c", FIRST_OPENS, str(demo.video), "6"], capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        out = json.loads(run.stdout.strip().splitlines()[-1])
+        assert min(out["frames"].values()) >= 5 and out["errors"] == 0, (out, run.stderr[-3000:])
+        assert "Traceback" not in run.stderr and "Error" not in run.stderr, run.stderr[-3000:]
+
+
 def test_a_cpp_exception_after_gstreamer_loads_raises_instead_of_crashing(tmp_path: Path) -> None:
     """Debian's libgstreamer links libunwind; loaded into the global symbol scope first, it took over C++
     exception unwinding, and ONNX Runtime refusing a model (or OpenCV refusing a frame) killed the daemon
