@@ -29,6 +29,7 @@ from edged.models.store import Store
 from edged.protocol import topics
 from edged.protocol.schemas import EVENT_SCHEMA
 
+from . import affinity
 from .backends import Backend
 from .capture import Camera, Throttle, join_all
 from .commands import Commands
@@ -312,6 +313,9 @@ class Daemon:
             m.input.batch,
             warm_ms,
         )
+        backend = self.loop.backend  # inference.dedicated_core: the threads running now move off its core
+        cpu = backend is not None and backend.cpu_bound
+        self.loop.cores = affinity.dedicate(self.cfg.inference.dedicated_core, cpu, self.cfg.model.onnxruntime.threads)
         self.commands.start()
         self.publisher.start()
         for ev in self.loader.events:

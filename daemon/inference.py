@@ -31,6 +31,7 @@ import numpy as np
 from edged.errors import InferenceError
 from edged.models.package import InputSpec
 
+from .affinity import CoreSplit, apply_engine
 from .backends import Backend
 from .backends.base import fixed_batches
 from .capture import Camera, FrameMeta
@@ -190,6 +191,7 @@ class InferenceLoop:
         self._next = 0  # round-robin start, so no camera is always first
         self._sized: tuple[ActiveModel | None, tuple[int, ...]] = (None, (spec.batch,))  # the model's batches
         self._decode_q: queue.Queue[_Batch | None] = queue.Queue(maxsize=2)
+        self.cores: CoreSplit | None = None  # inference.dedicated_core: the inference thread's core (affinity.py)
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._gather_thread = threading.Thread(target=self._gather_loop, name="gather", daemon=True)
         self._decoder_thread = threading.Thread(target=self._decode_loop, name="decode", daemon=True)
@@ -338,6 +340,8 @@ class InferenceLoop:
             return None
 
     def _run(self) -> None:
+        if self.cores is not None:
+            apply_engine(self.cores)
         try:
             while True:
                 self._take_flip()

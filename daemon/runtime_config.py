@@ -76,6 +76,12 @@ class InferenceConfig(_Strict):
         30.0, ge=0, le=10_000, description="after a batch's first frame, wait at most this long for more"
     )
     warmup_batches: int = Field(2, ge=0, le=100, description="batches run before serving")
+    dedicated_core: bool = Field(
+        False,
+        description="give the inference thread a CPU core of its own (the last the daemon may use) and the "
+        "daemon's other threads the rest: for a model on the CPU (onnxruntime.threads: 1) on a machine with few "
+        "cores; not applied, with a warning, on a GPU or with other thread counts",
+    )
 
 
 class DetectionConfig(_Strict):

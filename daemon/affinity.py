@@ -1,0 +1,70 @@
+"""`inference.dedicated_core`: a CPU core for the inference thread alone.
+
+On a small machine running the model on the CPU (ONNX Runtime with one intra-op thread, which runs the
+graph on the calling thread), the scheduler puts camera decoding, preprocessing and publishing on the
+engine's core now and then, and every batch waits for them. With this on, the inference thread gets the
+last core the daemon may use and every other thread of the daemon (those running now, and those they
+start, which inherit it) the rest. Measured in bench/pipeline.py (docs/benchmarks.md). Off by default:
+it takes a core from everything else, which only pays where the engine is the CPU's heaviest work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CoreSplit:
+    engine: frozenset[int]  # the inference thread's core
+    others: frozenset[int]  # every other thread's
+
+
+def dedicate(enabled: bool, cpu_bound: bool, ort_threads: int) -> CoreSplit | None:
+    """Plan the split and move the threads running now onto the other cores; the inference thread, started
+    after, moves itself onto its own (`apply_engine`). None: not asked for, or not possible (logged)."""
+    split = plan(enabled, cpu_bound, ort_threads)
+    if split is not None:
+        apply_others(split)
+    return split
+
+
+def plan(enabled: bool, cpu_bound: bool, ort_threads: int) -> CoreSplit | None:
+    """The split to apply, or None (with the reason logged when it was asked for and cannot be had)."""
+    if not enabled:
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    why = ""
+    if not cpu_bound:
+        why = "the engine does not run on the CPU"
+    elif ort_threads != 1:
+        why = f"onnxruntime.threads is {ort_threads} (0 = ONNX Runtime's choice); it must be 1"
+    elif len(allowed) < 2:
+        why = f"the daemon may use {len(allowed)} core(s)"
+    if why:
+        logger.warning("inference.dedicated_core: not applied: %s", why)
+        return None
+    return CoreSplit(frozenset(allowed[-1:]), frozenset(allowed[:-1]))
+
+
+def apply_others(split: CoreSplit) -> None:
+    """Move every thread of this process that runs now onto the other cores (threads started later
+    inherit their creator's set). The inference thread moves itself with `apply_engine` when it starts."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), split.others)
+        except (ProcessLookupError, PermissionError) as exc:  # a thread that just ended
+            logger.debug("thread %s: %s", tid, exc)
+    logger.info(
+        "inference.dedicated_core: the inference thread on core %s, the daemon's other threads on %s",
+        ",".join(map(str, sorted(split.engine))),
+        ",".join(map(str, sorted(split.others))),
+    )
+
+
+def apply_engine(split: CoreSplit) -> None:
+    """Called by the inference thread itself."""
+    os.sched_setaffinity(0, split.engine)
