@@ -4,8 +4,9 @@ On a small machine running the model on the CPU (ONNX Runtime with one intra-op 
 graph on the calling thread), the scheduler puts camera decoding, preprocessing and publishing on the
 engine's core now and then, and every batch waits for them. With this on, the inference thread gets the
 last core the daemon may use and every other thread of the daemon (those running now, and those they
-start, which inherit it) the rest. Measured in bench/pipeline.py (docs/benchmarks.md). Off by default:
-it takes a core from everything else, which only pays where the engine is the CPU's heaviest work.
+start, which inherit it) the rest, for the life of the process. Measured in bench/pipeline.py
+(docs/benchmarks.md). Off by default: it takes a core from everything else, which only pays where the
+engine is the CPU's heaviest work.
 """
 
 from __future__ import annotations
@@ -51,13 +52,19 @@ def plan(enabled: bool, cpu_bound: bool, ort_threads: int) -> CoreSplit | None:
 
 
 def apply_others(split: CoreSplit) -> None:
-    """Move every thread of this process that runs now onto the other cores (threads started later
-    inherit their creator's set). The inference thread moves itself with `apply_engine` when it starts."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), split.others)
-        except (ProcessLookupError, PermissionError) as exc:  # a thread that just ended
-            logger.debug("thread %s: %s", tid, exc)
+    """Move every thread of this process onto the other cores (threads started later inherit their
+    creator's set). A thread started by one not yet moved keeps the full set, so the listing repeats
+    until a pass finds no thread it has not seen. The inference thread moves itself (`apply_engine`)."""
+    seen: set[str] = set()
+    while fresh := set(os.listdir("/proc/self/task")) - seen:
+        for tid in fresh:
+            try:
+                os.sched_setaffinity(int(tid), split.others)
+            except ProcessLookupError:  # a thread that ended since the listing
+                pass
+            except OSError as exc:
+                logger.warning("inference.dedicated_core: thread %s stays where it was: %s", tid, exc)
+        seen |= fresh
     logger.info(
         "inference.dedicated_core: the inference thread on core %s, the daemon's other threads on %s",
         ",".join(map(str, sorted(split.engine))),
@@ -66,5 +73,9 @@ def apply_others(split: CoreSplit) -> None:
 
 
 def apply_engine(split: CoreSplit) -> None:
-    """Called by the inference thread itself."""
-    os.sched_setaffinity(0, split.engine)
+    """Called by the inference thread itself. A core that went away since (a power mode that takes cores
+    offline) leaves it where it was, with a warning: the daemon serves on, unpinned."""
+    try:
+        os.sched_setaffinity(0, split.engine)
+    except OSError as exc:
+        logger.warning("inference.dedicated_core: the inference thread stays on every core: %s", exc)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -163,10 +164,14 @@ class Camera:
             try:
                 source = self._opener(self.cfg)
             except Exception as exc:  # a loop boundary: a camera thread never dies, it retries with backoff
-                if not isinstance(exc, CaptureError):
-                    logger.exception("camera %s: unexpected error opening it", self.name)
+                reason = str(exc)
+                if not isinstance(exc, CaptureError):  # a bug (ours or a library's), not the camera's doing
                     self.stats.errors += 1
-                self._down(str(exc) or type(exc).__name__)
+                    reason = f"unexpected {type(exc).__name__} opening it: {exc} (a bug; the log has the traceback)"
+                    if not failed_before:  # the traceback once, not at every retry
+                        trace = scrub("".join(traceback.format_exception(exc)))  # a URL's password stays out
+                        logger.error("camera %s: %s\n%s", self.name, scrub(reason), trace)
+                self._down(reason)
                 failed_before = True
                 if self._stop.wait(backoff.next_s()):
                     break

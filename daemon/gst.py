@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import logging
 import threading
 import time
@@ -74,6 +75,15 @@ def _load_once() -> tuple[Any, Any, str]:
         return None, None, f"PyGObject/GStreamer not importable: {exc}"
     Gst.init(None)
     _resolve_now(Gst, GLib, GstApp)
+    for extra in ("GstBase", "GstVideo"):  # optional: only the classes built from them are resolved sooner
+        try:
+            gi.require_version(extra, "1.0")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ImportWarning)
+                module = importlib.import_module(f"gi.repository.{extra}")
+            _resolve_now(module)
+        except (ImportError, ValueError, AttributeError) as exc:
+            logger.debug("PyGObject %s: %s", extra, exc)
     dec = Gst.ElementFactory.find("nvv4l2decoder")
     if dec is not None:  # decodebin must take the hardware decoder over avdec_*
         dec.set_rank(Gst.Rank.PRIMARY + 100)
@@ -90,7 +100,10 @@ _RESOLVED = {
     ),
     "GLib": "Error",
     "GstApp": "AppSink",
-    "Gio": "TlsFileDatabase TlsCertificate TlsConnection TlsCertificateFlags",
+    # the parents PyGObject builds an element's class from (filesrc, h264parse, videoscale, the decoders)
+    "GstBase": "BaseSrc PushSrc BaseParse BaseTransform BaseSink",
+    "GstVideo": "VideoFilter VideoDecoder",
+    "Gio": "TlsFileDatabase TlsCertificate TlsConnection TlsClientConnection TlsCertificateFlags Initable",
 }
 
 

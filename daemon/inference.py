@@ -340,9 +340,9 @@ class InferenceLoop:
             return None
 
     def _run(self) -> None:
-        if self.cores is not None:
-            apply_engine(self.cores)
         try:
+            if self.cores is not None:
+                apply_engine(self.cores)  # never raises: a core gone leaves the thread unpinned, warned
             while True:
                 self._take_flip()
                 got = self._next_gathered()

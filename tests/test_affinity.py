@@ -50,18 +50,17 @@ def test_the_inference_thread_runs_alone_on_its_core(
     doc = base_config(broker, demo, tmp_path, cams)
     doc["inference"]["dedicated_core"] = True
     d = start_daemon(write_config(tmp_path / "c.yaml", doc))
-    wait_until(lambda: len(sub.results()) >= 40, 120, "results from both cameras")
-    first = cores_of(d.proc.pid)
-    wait_until(lambda: len(sub.results()) >= 120, 60, "more results")
+    wait_until(lambda: len(sub.results()) >= 200, 120, "results from both cameras")
     now = cores_of(d.proc.pid)
     engine, others = frozenset(ALLOWED[-1:]), frozenset(ALLOWED[:-1])
     on_engine = [tid for tid, (cores, _) in now.items() if cores == engine]
     assert len(on_engine) == 1, (now, d.output()[-2000:])
     assert {cores for tid, (cores, _) in now.items() if tid not in on_engine} == {others}, now
+    # CPU since each thread began: some 50 batches of inference against a camera's share of decoding (the
+    # main thread, which loaded and warmed the model, aside)
     (tid,) = on_engine
-    worked = now[tid][1] - first.get(tid, (engine, 0.0))[1]
-    busiest = max(now[t][1] - first.get(t, (engine, 0.0))[1] for t in now if t != tid)
-    assert worked > 0 and worked >= busiest, "the thread alone on its core is the one running the engine"
+    busiest = max(cpu for t, (_, cpu) in now.items() if t not in (tid, d.proc.pid))
+    assert now[tid][1] > 0 and now[tid][1] >= busiest, "the thread alone on its core is the one running the engine"
     assert "inference.dedicated_core: the inference thread on core" in d.output()
     d.stop()
 

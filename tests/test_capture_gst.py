@@ -78,9 +78,9 @@ def h264_video(demo: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Pa
     gst_rtsp_media_get_rates when several clients join a shared media at once, which killed the camera
     these tests need)."""
     out = tmp_path_factory.mktemp("h264") / "demo.h264.mp4"
-    pipeline = f"filesrc location={demo.video} ! qtdemux ! decodebin ! videoconvert"
-    pipeline += f" ! openh264enc complexity=low bitrate=2000000 ! h264parse ! mp4mux ! filesink location={out}"
-    subprocess.run(["gst-launch-1.0", "-q", *pipeline.split()], check=True, timeout=120)
+    encode = "openh264enc complexity=low bitrate=2000000 ! h264parse ! mp4mux".split()
+    pipeline = [f"location={demo.video}", "!", "qtdemux", "!", "decodebin", "!", "videoconvert", "!", *encode]
+    subprocess.run(["gst-launch-1.0", "-q", "filesrc", *pipeline, "!", "filesink", f"location={out}"], check=True)
     return out
 
 
@@ -291,7 +291,7 @@ def test_four_rtsp_cameras_at_once(h264_video: Path, servers, rig) -> None:
 
 FIRST_OPENS = """
 import json, sys, threading, time
-from edged.daemon.capture import Camera
+from edged.daemon.capture import Camera, join_all
 from edged.daemon.config import CameraConfig
 from edged.daemon.preprocess import Preprocessor
 from edged.models.package import InputSpec
@@ -313,6 +313,7 @@ while min(got.values()) < 5 and time.monotonic() < end:
                 c.release_locked(taken[0])
         cond.wait(0.05)
 stop.set()
+assert join_all(cams, 10.0) == []
 print(json.dumps({"frames": got, "errors": sum(c.stats.errors for c in cams)}))
 """
 
@@ -329,7 +330,8 @@ def test_cameras_opening_at_once_in_a_fresh_process_all_come_up(demo: DemoAssets
         assert run.returncode == 0, run.stderr[-3000:]
         out = json.loads(run.stdout.strip().splitlines()[-1])
         assert min(out["frames"].values()) >= 5 and out["errors"] == 0, (out, run.stderr[-3000:])
-        assert "Traceback" not in run.stderr and "Error" not in run.stderr, run.stderr[-3000:]
+        for sign in ("Traceback", "has no attribute", "but got gi.repository"):
+            assert sign not in run.stderr, run.stderr[-3000:]
 
 
 def test_a_cpp_exception_after_gstreamer_loads_raises_instead_of_crashing(tmp_path: Path) -> None:
