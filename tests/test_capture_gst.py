@@ -78,7 +78,7 @@ def h264_video(demo: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Pa
     gst_rtsp_media_get_rates when several clients join a shared media at once, which killed the camera
     these tests need)."""
     out = tmp_path_factory.mktemp("h264") / "demo.h264.mp4"
-    encode = "openh264enc complexity=low bitrate=2000000 ! h264parse ! mp4mux".split()
+    encode = ["openh264enc", "complexity=low", "bitrate=2000000", "!", "h264parse", "!", "mp4mux"]
     pipeline = [f"location={demo.video}", "!", "qtdemux", "!", "decodebin", "!", "videoconvert", "!", *encode]
     subprocess.run(["gst-launch-1.0", "-q", "filesrc", *pipeline, "!", "filesink", f"location={out}"], check=True)
     return out
