@@ -110,7 +110,9 @@ class Counter:
         return max((d["memory"].get("peak_rss_mb", 0.0) for d in docs), default=0.0)
 
 
-def write_config(path: Path, port: int, package: Path, cameras: list[dict[str, Any]], state: Path) -> Path:
+def write_config(
+    path: Path, port: int, package: Path, cameras: list[dict[str, Any]], state: Path, dedicated_core: bool = False
+) -> Path:
     doc = {
         "device_id": DEVICE,
         "state_dir": str(state),
@@ -118,7 +120,7 @@ def write_config(path: Path, port: int, package: Path, cameras: list[dict[str, A
         "mqtt": {"host": "127.0.0.1", "port": port},
         "model": {"package": str(package), "onnxruntime": {"threads": 1}},
         "cameras": cameras,
-        "inference": {"max_wait_ms": 30, "warmup_batches": 3},
+        "inference": {"max_wait_ms": 30, "warmup_batches": 3, "dedicated_core": dedicated_core},
         "detection": {"score_threshold": 0.7},
         "telemetry": {"interval_s": 1},
     }

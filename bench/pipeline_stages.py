@@ -25,13 +25,19 @@ from edged.daemon.publish import result_payload
 from edged.protocol.client import make_client
 
 
-def daemon_child(cfg_path: str, seconds: float, sleep: SleepSpec | None) -> None:
+def daemon_child(cfg_path: str, seconds: float, sleep: SleepSpec | None, stats_out: str = "") -> None:
+    """The daemon for `seconds`; with `stats_out`, its inference loop's counters there (JSON) at the end."""
     import logging
 
     logging.basicConfig(level=logging.WARNING)
     cfg = load_config(cfg_path)
     backend = sleep_backend(sleep) if sleep is not None else None
-    Daemon(cfg, backend).run(duration_s=seconds, install_signals=False)
+    daemon = Daemon(cfg, backend)
+    daemon.run(duration_s=seconds, install_signals=False)
+    if stats_out:
+        s = daemon.loop.stats
+        figures = {"batches": s.batches, "rows": s.rows, "padded_rows": s.padded_rows}
+        Path(stats_out).write_text(json.dumps({**figures, "infer_ms": s.infer_ms.percentiles((50,))}))
 
 
 def naive_child(
@@ -87,19 +93,49 @@ def load_config_stub(port: int) -> Any:
     return MqttConfig(host="127.0.0.1", port=port, max_inflight=1000)
 
 
-def load_child(video: str, package: str, stop: Any) -> None:
-    """The camera side's work alone, flat out on one core: decode the video and preprocess it."""
+def load_child(video: str, package: str, stop: Any, ready: Any, rate: float = 0.0) -> None:
+    """The camera side's work alone: decode the video and preprocess it, flat out (rate 0) or `rate`
+    frames a second (what the pipeline decodes at the throughput it reached). Sets `ready` once going."""
     from edged.models.package import open_package
 
     pre = Preprocessor(open_package(package).manifest.input)
     row = pre.new_row()
     cap = cv2.VideoCapture(video)
+    due = time.monotonic()
     while not stop.is_set():
         ok, frame = cap.read()
         if not ok:
             cap.set(cv2.CAP_PROP_POS_FRAMES, 0)
             continue
         pre.run(frame, row)
+        ready.set()
+        if rate > 0:
+            due += 1.0 / rate
+            lag = due - time.monotonic()
+            if lag > 0:
+                time.sleep(lag)
+            elif lag < -1.0:  # cannot keep up: do not burst to catch up
+                due = time.monotonic()
+
+
+def loaded_throughput(
+    backend: Any, name: str, batch: np.ndarray, n: int, video: Path, package: Path, rate: float = 0.0
+) -> float:
+    """The engine alone while another process does the camera side's work (load_child at `rate`)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    stop, ready = ctx.Event(), ctx.Event()
+    loader = ctx.Process(target=load_child, args=(str(video), str(package), stop, ready, rate))
+    loader.start()
+    try:
+        if not ready.wait(30):
+            raise RuntimeError("the camera-side load did not start")
+        time.sleep(0.3)  # past its first frames
+        return raw_throughput(backend, name, batch, n)
+    finally:
+        stop.set()
+        loader.join(10)
 
 
 def real_batch(video: Path, pre: Preprocessor, shape: list[int]) -> tuple[np.ndarray, list[Any]]:
