@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
+PASSES = 20  # listings of the process's threads at most, until one finds no thread not seen before
+
 
 @dataclass(frozen=True)
 class CoreSplit:
@@ -56,7 +58,10 @@ def apply_others(split: CoreSplit) -> None:
     creator's set). A thread started by one not yet moved keeps the full set, so the listing repeats
     until a pass finds no thread it has not seen. The inference thread moves itself (`apply_engine`)."""
     seen: set[str] = set()
-    while fresh := set(os.listdir("/proc/self/task")) - seen:
+    for _ in range(PASSES):  # bounded: a thread that keeps starting short-lived ones cannot hold the start up
+        fresh = set(os.listdir("/proc/self/task")) - seen
+        if not fresh:
+            break
         for tid in fresh:
             try:
                 os.sched_setaffinity(int(tid), split.others)
@@ -73,9 +78,14 @@ def apply_others(split: CoreSplit) -> None:
 
 
 def apply_engine(split: CoreSplit) -> None:
-    """Called by the inference thread itself. A core that went away since (a power mode that takes cores
-    offline) leaves it where it was, with a warning: the daemon serves on, unpinned."""
+    """Called by the inference thread itself. Its core gone offline by then (a power mode) leaves it on every
+    core the daemon had, with a warning: the daemon serves on, unpinned. (A core taken offline later is the
+    kernel's to handle: it moves the thread.)"""
     try:
         os.sched_setaffinity(0, split.engine)
     except OSError as exc:
-        logger.warning("inference.dedicated_core: the inference thread stays on every core: %s", exc)
+        logger.warning("inference.dedicated_core: the inference thread runs on every core: %s", exc)
+        try:
+            os.sched_setaffinity(0, split.engine | split.others)
+        except OSError as again:
+            logger.warning("inference.dedicated_core: and stays where it was: %s", again)

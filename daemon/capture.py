@@ -150,7 +150,7 @@ class Camera:
     def _run(self) -> None:
         # full jitter: cameras behind one switch that came back do not all reopen at the same instant
         backoff = Backoff(self.cfg.reconnect_min_s, max(self.cfg.reconnect_min_s, self.cfg.reconnect_max_s))
-        failed_before = False
+        failed_before = traced = False
         scheme = self.cfg.uri.split("://", 1)[0]
         if scheme in GST_SCHEMES:
             try:
@@ -168,9 +168,10 @@ class Camera:
                 if not isinstance(exc, CaptureError):  # a bug (ours or a library's), not the camera's doing
                     self.stats.errors += 1
                     reason = f"unexpected {type(exc).__name__} opening it: {exc} (a bug; the log has the traceback)"
-                    if not failed_before:  # the traceback once, not at every retry
+                    if not traced:  # the traceback once until the camera is up again, not at every retry
                         trace = scrub("".join(traceback.format_exception(exc)))  # a URL's password stays out
                         logger.error("camera %s: %s\n%s", self.name, scrub(reason), trace)
+                        traced = True
                 self._down(reason)
                 failed_before = True
                 if self._stop.wait(backoff.next_s()):
@@ -178,7 +179,7 @@ class Camera:
                 continue
             if failed_before:
                 self.stats.reconnects += 1
-            failed_before = False
+            failed_before = traced = False
             if self.stats.state != "up":
                 logger.info("camera %s: up (%s)", self.name, self.cfg.display)
             self.stats.state = "up"

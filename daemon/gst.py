@@ -82,7 +82,7 @@ def _load_once() -> tuple[Any, Any, str]:
                 warnings.simplefilter("ignore", ImportWarning)
                 module = importlib.import_module(f"gi.repository.{extra}")
             _resolve_now(module)
-        except (ImportError, ValueError, AttributeError) as exc:
+        except Exception as exc:  # an override module or a class gi cannot build: it is resolved when used
             logger.debug("PyGObject %s: %s", extra, exc)
     dec = Gst.ElementFactory.find("nvv4l2decoder")
     if dec is not None:  # decodebin must take the hardware decoder over avdec_*

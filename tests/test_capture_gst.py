@@ -80,7 +80,8 @@ def h264_video(demo: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Pa
     out = tmp_path_factory.mktemp("h264") / "demo.h264.mp4"
     encode = ["openh264enc", "complexity=low", "bitrate=2000000", "!", "h264parse", "!", "mp4mux"]
     pipeline = [f"location={demo.video}", "!", "qtdemux", "!", "decodebin", "!", "videoconvert", "!", *encode]
-    subprocess.run(["gst-launch-1.0", "-q", "filesrc", *pipeline, "!", "filesink", f"location={out}"], check=True)
+    cmd = ["gst-launch-1.0", "-q", "filesrc", *pipeline, "!", "filesink", f"location={out}"]
+    subprocess.run(cmd, check=True, timeout=120)  # a fixture: pytest-timeout covers test bodies only
     return out
 
 
