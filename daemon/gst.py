@@ -74,7 +74,10 @@ def _load_once() -> tuple[Any, Any, str]:
     except (ImportError, ValueError) as exc:
         return None, None, f"PyGObject/GStreamer not importable: {exc}"
     Gst.init(None)
-    _resolve_now(Gst, GLib, GstApp)
+    try:
+        _resolve_now(Gst, GLib, GstApp)
+    except Exception as exc:  # a GStreamer without one of them: found where it is used, with its own error
+        logger.warning("GStreamer: could not resolve its Python classes up front: %s", exc)
     for extra in ("GstBase", "GstVideo"):  # optional: only the classes built from them are resolved sooner
         try:
             gi.require_version(extra, "1.0")
@@ -142,7 +145,10 @@ def _gio_once() -> Any:
 
         gi.require_version("Gio", "2.0")
         from gi.repository import Gio  # type: ignore[import-untyped,import-not-found,unused-ignore]
-    _resolve_now(Gio)
+    try:
+        _resolve_now(Gio)
+    except Exception as exc:  # as in _load_once
+        logger.warning("Gio: could not resolve its TLS classes up front: %s", exc)
     return Gio
 
 
