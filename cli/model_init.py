@@ -35,6 +35,13 @@ def add_parsers(msub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--labels", type=Path, help="labels file, one per line (default: the metadata's names)")
     p.add_argument("--color", choices=("RGB", "BGR"), help="colour order the model was trained on")
     p.add_argument("--letterbox", choices=("center", "topleft"), help="where the letterboxed image sits")
+    p.add_argument(
+        "--pad-value",
+        type=int,
+        metavar="0-255",
+        help="grey level of the letterbox's border, as the model was trained (default: the decoder family's, "
+        "114 for Ultralytics' YOLO; some exports pad with 0)",
+    )
     p.add_argument("--image", type=Path, help="a representative frame for the golden pair (default: none)")
     p.set_defaults(func=_init)
 
@@ -44,26 +51,36 @@ def _init(args: argparse.Namespace) -> int:
     from edged.models.package import verify_folder
 
     batches = parse_batches(args.batch) if args.batch else ()
+    said: list[str] = []
+
+    def finish(folder: Path) -> None:  # on the laid-out package, before it takes its name
+        if args.image:
+            said.append(write_golden(folder, args.image, 1e-3, 1e-2))
+        checked = check_model(verify_folder(folder))
+        if checked:
+            said.append(checked)
+
     opts = InitOptions(
         args.model, args.out, args.name, args.version, args.decoder, batches[-1] if batches else None,
         parse_size(args.input_size) if args.input_size else None, args.labels, args.color, args.letterbox,
-        extra_batches=batches[:-1],
+        extra_batches=batches[:-1], pad_value=args.pad_value, finish=finish,
     )  # fmt: skip
     done = init_package(opts)
     for line in done.decisions:
         print(f"init: {line}")
-    if args.image:
-        print(write_golden(done.package.root, args.image, 1e-3, 1e-2))
-    check_model(verify_folder(done.package.root))
+    for line in said:
+        print(line)
     for line in done.checks + ([] if args.image else ["no golden pair (--image FRAME adds one)"]):
         print(f"check: {line}")
     print(f"init: {done.package.ref} ready in {done.package.root}; next: edged model pack/sign, edged push")
     return 0
 
 
-def check_model(pkg: Package) -> None:
+def check_model(pkg: Package) -> str | None:
     """The model's I/O against its manifest: the input (models/validate.py), the outputs and the class
-    count against the decoder (the daemon's own check, with the labels file read)."""
+    count against the decoder (the daemon's own check, with the labels file read); then, for an ONNX package
+    of several batches, each batch against its smallest on values (models/batchcheck.py). Returns what the
+    value check did, in words, or None when there was none."""
     from edged.models.validate import check_package
 
     def outputs(p: Package, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -73,6 +90,42 @@ def check_model(pkg: Package) -> None:
         build_decoder(m.decoder, m.input, m.labels, shapes)
 
     check_package(pkg, outputs)
+    return check_batch_values(pkg)
+
+
+def check_batch_values(pkg: Package) -> str | None:
+    """Each larger batch of an ONNX package against its smallest, row for row, on the golden image (when the
+    package has one) and random rows, within the golden pair's tolerance; PackageError(batch_mismatch) naming
+    the batch, the output and the largest difference."""
+    import numpy as np
+
+    from edged.daemon.backends import OnnxRuntimeBackend
+    from edged.models.batchcheck import ATOL, RTOL, Run, check_batches
+
+    m = pkg.manifest
+    paths = pkg.batch_paths
+    if m.kind != "onnx" or len(paths) < 2:
+        return None
+    g = m.golden
+    golden = np.load(pkg.root / g.input, allow_pickle=False) if g is not None else None
+    backends = {b: OnnxRuntimeBackend(path, threads=1) for b, path in paths.items()}
+    try:
+
+        def runner(b: int) -> Run:
+            return lambda x: backends[b].infer({m.input.name: x})
+
+        smallest = min(backends)
+        checked = check_batches(
+            {b: runner(b) for b in backends if b != smallest}, (smallest, runner(smallest)), m.input.shape,
+            m.input.dtype, golden, g.atol if g else ATOL, g.rtol if g else RTOL, where=pkg.ref,
+        )  # fmt: skip
+    finally:
+        for backend in backends.values():
+            backend.close()
+    return (
+        f"batches: {pkg.ref} at batch {', '.join(map(str, checked))} gives row for row what batch {smallest} gives"
+        + (" (the golden image and random rows)" if golden is not None else " (random rows)")
+    )
 
 
 def write_golden(folder: Path, image: Path, atol: float, rtol: float) -> str:

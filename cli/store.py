@@ -116,8 +116,17 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _install(args: argparse.Namespace) -> int:
+    from edged.cli.model_init import check_model
+    from edged.models.compat import detect
+    from edged.models.package import open_package
+    from edged.models.storefiles import read_head
+
     cfg, store = _open_store(args.config)
     trust = _trust(cfg)
+    manifest_bytes, sig_bytes = read_head(args.package)
+    store.check_offer(manifest_bytes, sig_bytes, trust, str(args.package), detect())  # signed before it runs
+    with tempfile.TemporaryDirectory() as tmp:
+        check_model(open_package(args.package, scratch=Path(tmp)))  # as verify: its batches on values too
     done = store.install(args.package, trust, progress=lambda m: print(f"install: {m}"))
     if done.status == "unchanged":
         print(f"model {done.name}@{done.version}: already installed; nothing to do")

@@ -1,6 +1,7 @@
 """What a model must pass before it serves, at start (daemon/loader.py) and at a swap (daemon/swap.py):
-its input against the manifest (check_io), its golden pair (golden_check), and what it will cost in
-memory before it is loaded (estimate_mb, which admit() and plan_swap() count)."""
+its input against the manifest (check_io), its golden pair (golden_check), its batches against each other on
+values (batches_check), and what it will cost in memory before it is loaded (estimate_mb, which admit() and
+plan_swap() count)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from edged.errors import Code, EngineLoadError, PackageError, SwapError
+from edged.models.batchcheck import ATOL, RTOL, check_batches
 from edged.models.footprint import working_bytes
 from edged.models.package import GoldenSpec, Package
 from edged.models.validate import Tensor, batch_spec, check_input
@@ -55,6 +57,37 @@ def golden_check(pkg: Package, backend: Backend) -> str | None:
     return f"golden check passed ({len(expected.files)} outputs" + (
         f", at batches {list(batches)})" if len(batches) > 1 else ")"
     )
+
+
+def batches_check(pkg: Package, backend: Backend) -> str | None:
+    """An ONNX package of several fixed batches: each batch the backend runs against its smallest, row for row
+    (models/batchcheck.py: the golden image tiled, then random rows), so a package whose larger batch computes
+    something else (one rebatched wrongly by an older edged) never serves; SwapError(batch_mismatch). None
+    when there is nothing to compare. Engine packages are left to the golden check at every batch: engines
+    built per batch may differ beyond the ONNX tolerance in their last bits."""
+    spec = pkg.manifest.input
+    batches = fixed_batches(backend, spec.batch)
+    if pkg.manifest.kind != "onnx" or len(batches) < 2:
+        return None
+    g = pkg.manifest.golden
+    golden = None
+    if g is not None:
+        try:
+            golden = np.load(pkg.root / g.input, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise SwapError(f"{pkg.ref}: golden files unreadable: {exc}", code=Code.GOLDEN_INVALID) from exc
+
+    def run(x: np.ndarray) -> dict[str, np.ndarray]:  # the backend runs the batch of x's rows
+        return backend.infer({spec.name: x})
+
+    try:
+        check_batches(
+            dict.fromkeys(batches[1:], run), (batches[0], run), spec.shape, spec.dtype, golden,
+            g.atol if g else ATOL, g.rtol if g else RTOL, where=pkg.ref,
+        )  # fmt: skip
+    except PackageError as exc:
+        raise SwapError(str(exc), code=Code.BATCH_MISMATCH) from exc
+    return f"batches {list(batches)} give row for row what batch {batches[0]} gives"
 
 
 def _golden_outputs(pkg: Package, g: GoldenSpec, got: dict[str, np.ndarray], expected: Any, rows: int) -> None:

@@ -42,6 +42,7 @@ from edged.protocol.schemas import MODEL_STATE_SCHEMA
 # the checks before a model serves, and probation's verdicts, live in their own modules; re-exported:
 # `from edged.daemon.swap import check_io, estimate_mb, output_verdict`
 from .admission import activation_mb as activation_mb
+from .admission import batches_check as batches_check
 from .admission import check_io as check_io
 from .admission import estimate_mb as estimate_mb
 from .admission import golden_check as golden_check
@@ -128,9 +129,9 @@ class ModelManager:
             m = pkg.manifest
             decoder = build_decoder(m.decoder, m.input, m.labels, shapes)
             warm_up(backend, m.input, max(1, self.cfg.inference.warmup_batches))
-            checked = golden_check(pkg, backend)
-            if checked:
-                logger.info("%s: %s", pkg.ref, checked)
+            for checked in (golden_check(pkg, backend), batches_check(pkg, backend)):
+                if checked:
+                    logger.info("%s: %s", pkg.ref, checked)
         except BaseException:
             backend.close()
             raise

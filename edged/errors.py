@@ -82,6 +82,7 @@ class Code(str, Enum):
     NO_SPACE = "no_space"  # not enough free space to install
     NO_PREVIOUS = "no_previous"  # no previous version to roll back to
     REBATCH_FAILED = "rebatch_failed"  # the graph's batch cannot be set
+    BATCH_MISMATCH = "batch_mismatch"  # a batch of the model computes other values than the model one image at a time
     SIGNATURE_MISMATCH = "signature_mismatch"  # the model's inputs/outputs contradict its manifest
     LABELS_MISMATCH = "labels_mismatch"  # labels.txt or the label count contradicts the manifest or the model
     LABELS_INVALID = "labels_invalid"  # labels.txt is unreadable or malformed

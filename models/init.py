@@ -10,14 +10,19 @@ Steps, each reported with its reason (`InitResult.decisions`) and with what the 
    else batch 1 (onnxruntime's ``make_input_shape_fixed``); a batch baked into the graph
    (BlazeFace) is changed by ``rebatch``; ``--batch 1,4`` also fixes the export at each smaller batch
    (``model.b1.onnx``, listed in the manifest's ``extra_batches``), checked to give the same outputs;
-3. run the fixed model once in ONNX Runtime: every output shape is then concrete, and the model is
-   known to load;
+3. run the fixed model once in ONNX Runtime: every output shape is then concrete (an export that
+   computes its anchor count through ``Shape``/``Gather``, as Ultralytics' ``dynamic=True`` does, gets
+   the shapes it really has declared on its outputs), and the model is known to load; then **prove it on
+   values**: each batch written, run on the probe rows (``batchcheck.py``), must give in every row of
+   every output what the source export gives for that image alone, else nothing is written;
 4. pick the decoder from those shapes (detect.py) or take ``--decoder``; the preprocessing defaults
    to that family's own (colour, scale, mean/std, letterbox, pad), each overridable;
 5. labels from ``--labels FILE``, else the metadata, checked against the output's class count;
 6. write the package (model.onnx, labels.txt, manifest.json with every file's size and sha256)
-   through package.py, so it verifies like any other. A golden input/output pair is then added by
-   the caller (``edged model golden``'s code: it needs the daemon's preprocessing).
+   through package.py, so it verifies like any other: laid out in a folder beside ``--out``, handed to
+   the caller's ``finish`` (the CLI adds the golden pair there and checks the model against the daemon's
+   decoder: it needs the daemon's preprocessing), and only then renamed to ``--out``. A failure at any
+   step leaves nothing under either name.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import ast
 import datetime as dt
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +55,8 @@ class InitOptions:
     color: str | None = None  # RGB | BGR
     letterbox: str | None = None  # center | topleft
     extra_batches: tuple[int, ...] = ()  # smaller fixed batches, each its own model.b<N>.onnx (`--batch 1,4`)
+    pad_value: int | None = None  # the letterbox's grey (0-255); default: the decoder family's
+    finish: Callable[[Path], None] | None = None  # run on the laid-out package before it takes its name
 
 
 @dataclass
@@ -137,7 +145,11 @@ def init_package(opts: InitOptions) -> InitResult:
     if dtype not in ("float32", "float16", "uint8"):
         raise PackageError(f"{opts.model}: input {inp.name!r} is {dtype}; edged feeds float32, float16 or uint8")
     shapes = _run_once(model, inp.name, np.zeros(_shape(layout, batch, height, width), dtype))
+    _declare_outputs(model, shapes, decisions)
     extra = _extra_batches(opts, original, inp.name, dims, layout, batch, (width, height), dtype, shapes, decisions)
+    _prove(
+        original, inp.name, dims[0] or 1, {batch: model, **extra}, _shape(layout, 1, height, width), dtype, decisions
+    )
     decisions.append("output shapes with the fixed input: " + ", ".join(f"{n} {list(s)}" for n, s in shapes.items()))
     found = detect(shapes, height, width, ultralytics, opts.decoder)
     decisions.append(f"decoder {found.decoder}: {found.why}")
@@ -154,6 +166,13 @@ def init_package(opts: InitOptions) -> InitResult:
         pre["resize"] = "letterbox"
         pre["letterbox"] = opts.letterbox
         decisions.append(f"letterbox {opts.letterbox} (--letterbox)")
+    if opts.pad_value is not None:
+        if not 0 <= opts.pad_value <= 255:
+            raise PackageError(f"--pad-value {opts.pad_value}: want 0-255", code=Code.INIT_FAILED)
+        pre["pad_value"] = opts.pad_value
+        decisions.append(f"letterbox pad value {opts.pad_value} (--pad-value)")
+    elif pre.get("resize") == "letterbox":
+        checks.append(f"letterbox pad value {pre['pad_value']} is the {found.decoder} family's; --pad-value if not")
     if pre.get("letterbox") == "center":
         del pre["letterbox"]  # the default: absent from the manifest
     name = opts.name or _name(opts.model.stem)
@@ -198,7 +217,7 @@ def init_package(opts: InitOptions) -> InitResult:
                 **({"metadata": {k: v for k, v in props.items() if len(v) < 4096}} if props else {}),
             },
         }
-        pkg = publish_package(out, manifest, files)
+        pkg = publish_package(out, manifest, files, opts.finish)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     decisions.append(f"package {pkg.ref} -> {out}")
@@ -230,6 +249,7 @@ def _extra_batches(
         copy.CopyFrom(original)
         small = _fix_input(copy, name, dims, layout, b, size[0], size[1], quiet)
         got = _run_once(small, name, np.zeros(_shape(layout, b, size[1], size[0]), dtype))
+        _declare_outputs(small, got, quiet)
         want = {n: (b, *s[1:]) for n, s in shapes.items()}
         if got != want:
             raise PackageError(
@@ -332,20 +352,89 @@ def _fix_input(
     return model
 
 
-def _run_once(model: Any, name: str, x: Any) -> dict[str, tuple[int, ...]]:
+def _session(model: Any) -> Any:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.log_severity_level = 3
     try:
-        sess = ort.InferenceSession(model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"])
-        outs = sess.run(None, {name: x})
+        return ort.InferenceSession(model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT's own Fail/InvalidGraph/... types
-        raise PackageError(
-            f"ONNX Runtime cannot run the model at {list(x.shape)}: {exc}", code=Code.INIT_FAILED
-        ) from exc
-    return {o.name: tuple(int(d) for d in v.shape) for o, v in zip(sess.get_outputs(), outs, strict=True)}
+        raise PackageError(f"ONNX Runtime cannot load the model: {exc}", code=Code.INIT_FAILED) from exc
+
+
+def _runner(model: Any, name: str) -> Callable[[Any], dict[str, Any]]:
+    sess = _session(model)
+    names = [o.name for o in sess.get_outputs()]
+
+    def run(x: Any) -> dict[str, Any]:
+        try:
+            return dict(zip(names, sess.run(None, {name: x}), strict=True))
+        except Exception as exc:  # ORT's own Fail/InvalidArgument/... types
+            raise PackageError(
+                f"ONNX Runtime cannot run the model at {list(x.shape)}: {exc}", code=Code.INIT_FAILED
+            ) from exc
+
+    return run
+
+
+def _run_once(model: Any, name: str, x: Any) -> dict[str, tuple[int, ...]]:
+    return {n: tuple(int(d) for d in v.shape) for n, v in _runner(model, name)(x).items()}
+
+
+def _declare_outputs(model: Any, shapes: dict[str, tuple[int, ...]], decisions: list[str]) -> None:
+    """Write the output shapes ONNX Runtime produced with the fixed input onto the graph's outputs where
+    shape inference left them symbolic (an anchor count computed through Shape/Gather/Range, as a dynamic
+    Ultralytics export has); a declared fixed dimension that contradicts the run is an error."""
+    resolved = []
+    for out in model.graph.output:
+        seen = shapes.get(out.name)
+        if seen is None:
+            continue
+        dims = out.type.tensor_type.shape.dim
+        if dims and len(dims) != len(seen):
+            raise PackageError(
+                f"output {out.name!r} is declared with {len(dims)} dimensions, ONNX Runtime gives {list(seen)}",
+                code=Code.INIT_FAILED,
+            )
+        if not dims:
+            for _ in seen:
+                dims.add()
+        for d, size in zip(dims, seen, strict=True):
+            if d.HasField("dim_value") and d.dim_value != size:
+                raise PackageError(
+                    f"output {out.name!r} is declared {[x.dim_value or x.dim_param for x in dims]}, ONNX Runtime "
+                    f"gives {list(seen)} with the fixed input",
+                    code=Code.INIT_FAILED,
+                )
+            if not d.HasField("dim_value"):
+                resolved.append(f"{out.name}[{list(dims).index(d)}] = {size}")
+                d.ClearField("dim_param")
+                d.dim_value = size
+    if resolved:
+        decisions.append(
+            "output dimensions computed in the graph (not resolved by shape inference) set as ONNX Runtime ran them: "
+            + ", ".join(resolved)
+        )
+
+
+def _prove(
+    source: Any, name: str, source_batch: int, made: dict[int, Any], row: list[int], dtype: str, decisions: list[str]
+) -> None:
+    """Each model written (batch -> model) against the source export on values: the probe rows of
+    batchcheck.py, the source run `source_batch` images at a time; PackageError(batch_mismatch) naming the
+    output and the largest difference when a row differs."""
+    from .batchcheck import check_batches
+
+    ref = _runner(source, name)
+    checked = check_batches(
+        {b: _runner(m, name) for b, m in made.items()}, (source_batch, ref), row, dtype, where="the model written"
+    )
+    decisions.append(
+        f"batch {', '.join(map(str, checked))} checked on values against the export: every row of every output "
+        "equal to what the export gives for that image alone (random images, one per row)"
+    )
 
 
 def _labels(

@@ -18,6 +18,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -402,15 +403,24 @@ def write_package(root: Path, manifest_fields: dict[str, Any], files: dict[str, 
     return verify_folder(root)
 
 
-def publish_package(out: Path, manifest_fields: dict[str, Any], files: dict[str, Path]) -> Package:
-    """Write a package into `out` (absent or empty) all at once: laid out beside it, then renamed in,
-    so an interrupted run never leaves a half-written package under the name."""
+def publish_package(
+    out: Path, manifest_fields: dict[str, Any], files: dict[str, Path], finish: Callable[[Path], None] | None = None
+) -> Package:
+    """Write a package into `out` (absent or empty) all at once: laid out beside it, handed to `finish`
+    (more files, checks), then renamed in, so neither a failed check nor an interrupted run leaves a
+    half-written package under the name; a failure removes the laid-out folder too."""
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
-    write_package(staging, manifest_fields, files)
-    if out.exists():
-        out.rmdir()
-    os.replace(staging, out)
+    try:
+        write_package(staging, manifest_fields, files)
+        if finish is not None:
+            finish(staging)
+        if out.exists():
+            out.rmdir()
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return verify_folder(out)
 
 

@@ -1,14 +1,21 @@
 """Give an ONNX model that was exported with batch 1 a fixed batch B.
 
 Exporters often bake the batch into the graph, so changing the input's first dimension alone
-does not work. Two patterns cover the demo models:
+does not work. Two patterns cover the exports we have met:
 
 - tf2onnx writes channel padding as ``Concat(x, ConstantOfShape([1, C, H, W]))``; the constant
   carries batch 1, so it becomes ``Pad(x)`` along the same axis (zeros, as before).
-- ``Reshape`` targets that start with 1 get 0 ("copy this dimension from the input").
+- a ``Reshape`` to a constant target that starts with 1 gets 0 ("copy this dimension from the input")
+  **only where its input's first dimension is the batch**. Which ones those are is traced, not guessed:
+  the input's batch is made a symbol and ONNX's shape inference (with data propagation) carries it
+  through the graph; a Reshape whose input starts with that symbol is rewritten, then the trace runs
+  again (a rewritten Reshape passes the batch on), until nothing changes. A ``[1, -1]`` Reshape in an
+  anchor grid (Ultralytics' meshgrid: its input is a row of x coordinates) is left alone: rewriting it
+  transposes the grid of a square input, every shape still right and every box wrong.
 
-The result is checked by ONNX's strict shape inference; per image it computes the same values
-as the original (the demo models are bit-identical per row, which the tests check).
+The result is checked by ONNX's strict shape inference here, and on values by the caller
+(``batchcheck.check_batches`` against the source, in ``edged model init``): per image it must compute
+what the original computes.
 """
 
 from __future__ import annotations
@@ -27,8 +34,11 @@ def rebatch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
     m.CopyFrom(model)
     g = m.graph
     _concat_constant_to_pad(g)
-    _reshape_batch_to_zero(g)
+    _reshape_batch_to_zero(m)
+    inits = {i.name for i in g.initializer}
     for t in [*g.input, *g.output]:
+        if t.name in inits:
+            continue
         dims = t.type.tensor_type.shape.dim
         if not dims:
             raise PackageError(f"tensor {t.name!r} has no shape; cannot set its batch", code=Code.REBATCH_FAILED)
@@ -95,15 +105,58 @@ def _concat_constant_to_pad(g: onnx.GraphProto) -> None:
         g.node.remove(filler)
 
 
-def _reshape_batch_to_zero(g: onnx.GraphProto) -> None:
-    for n in g.node:
-        if n.op_type != "Reshape" or any(a.name == "allowzero" and a.i for a in n.attribute):
+BATCH = "__edged_batch__"  # the symbol the trace gives the input's first dimension
+
+
+def _reshape_batch_to_zero(m: onnx.ModelProto) -> None:
+    """Rewrite `Reshape(x, [1, ...])` to `Reshape(x, [0, ...])` where x's first dimension is the batch, as
+    traced by `_batch_led`; again until the trace finds no more (each rewrite passes the batch on)."""
+    g = m.graph
+    done: set[int] = set()
+    while True:
+        led = _batch_led(m)
+        todo = []
+        for i, n in enumerate(g.node):
+            if i in done or n.op_type != "Reshape" or any(a.name == "allowzero" and a.i for a in n.attribute):
+                continue
+            target = _const(g, n.input[1])
+            if target is None or target.ndim != 1 or target.size == 0 or target[0] != 1:
+                continue
+            if n.input[0] in led:
+                todo.append(i)
+        if not todo:
+            return
+        for i in todo:
+            n = g.node[i]
+            fixed = _const(g, n.input[1]).astype(np.int64).copy()  # type: ignore[union-attr]
+            fixed[0] = 0
+            name = f"{n.output[0]}__shape"
+            g.initializer.append(numpy_helper.from_array(fixed, name))
+            n.input[1] = name
+            done.add(i)
+
+
+def _batch_led(m: onnx.ModelProto) -> set[str]:
+    """The tensors whose first dimension is the graph input's batch: the input's first dimension made the
+    symbol BATCH, shapes inferred with data propagation (non-strict: a tensor whose shape is unknown is
+    simply not batch-led, and a Reshape on it is left as exported; the value check then decides)."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(m)
+    inits = {i.name for i in probe.graph.initializer}
+    for t in probe.graph.input:
+        if t.name in inits:
             continue
-        target = _const(g, n.input[1])
-        if target is None or target.ndim != 1 or target.size == 0 or target[0] != 1:
-            continue
-        fixed = target.astype(np.int64).copy()
-        fixed[0] = 0
-        name = f"{n.output[0]}__shape"
-        g.initializer.append(numpy_helper.from_array(fixed, name))
-        n.input[1] = name
+        dims = t.type.tensor_type.shape.dim
+        if dims:
+            dims[0].ClearField("dim_value")
+            dims[0].dim_param = BATCH
+    del probe.graph.value_info[:]
+    for t in probe.graph.output:
+        t.type.tensor_type.ClearField("shape")
+    inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+    led = set()
+    for v in [*inferred.graph.input, *inferred.graph.value_info]:
+        dims = v.type.tensor_type.shape.dim
+        if v.type.tensor_type.HasField("shape") and dims and dims[0].dim_param == BATCH:
+            led.add(v.name)
+    return led

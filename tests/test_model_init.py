@@ -31,6 +31,7 @@ from edged.models.validate import check_package
 
 from .conftest import base_config, edged_cli, write_config
 from .test_daemon import iou
+from .ultralytics_export import yolov8_export
 
 DDDDOCR = Artefact(
     key="ddddocr",
@@ -339,3 +340,33 @@ def test_unrecognised_outputs_ask_for_a_decoder() -> None:
     assert forced.decoder == "yolov8" and "the shapes suggested yolox" in forced.why
     with pytest.raises(PackageError, match="--decoder 'yolo' is not one of yolov8, yolov5, yolox"):
         detect({"out": (1, 7, 7)}, 640, 640, False, "yolo")
+
+
+# --- real Ultralytics exports: dynamic=True, anchors computed in the graph (tests/ultralytics_export.py) ------
+
+
+def test_init_takes_a_dynamic_ultralytics_export_whose_anchor_count_is_computed(tmp_path: Path) -> None:
+    """A `dynamic=True` export computes its anchor count through Shape/Gather/Range: shape inference leaves
+    output0's last dimension symbolic once the input is fixed. init declares what ONNX Runtime ran, proves
+    every batch on values against the export, and the package checks like any other."""
+    src = yolov8_export(tmp_path / "yolov8n.onnx", ["person", "car", "dog"], 320, dynamic=True)
+    done = edged_cli("model", "init", str(src), "--batch", "1,4", "--out", str(tmp_path / "pkg"), "--pad-value", "0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "output0[2] = 2100" in done.stdout
+    assert "batch 1, 4 checked on values against the export" in done.stdout
+    assert "batches: yolov8n@1 at batch 4 gives row for row what batch 1 gives (random rows)" in done.stdout
+    pkg = verify_folder(tmp_path / "pkg")
+    assert pkg.manifest.input.shape == [4, 3, 320, 320] and pkg.manifest.input.pad_value == 0
+    assert pkg.manifest.decoder.type == "yolov8" and sorted(pkg.batch_paths) == [1, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg", "yolov8n.onnx"]
+
+
+def test_a_failed_init_leaves_nothing_behind(tmp_path: Path) -> None:
+    src = yolov8_export(tmp_path / "yolov8n.onnx", ["person", "car", "dog"], 320)
+    (tmp_path / "frame.png").write_bytes(b"not an image")
+    done = edged_cli("model", "init", str(src), "--out", str(tmp_path / "pkg"), "--image", str(tmp_path / "frame.png"))
+    assert done.returncode != 0 and "not an image OpenCV can read" in done.stderr, done.stdout + done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["frame.png", "yolov8n.onnx"], "a half-written package"
+    done = edged_cli("model", "init", str(src), "--out", str(tmp_path / "pkg"), "--pad-value", "256")
+    assert done.returncode != 0 and "--pad-value 256: want 0-255" in done.stderr
+    assert not (tmp_path / "pkg").exists()

@@ -24,6 +24,7 @@ from edged.models.demo import DemoAssets
 from edged.models.package import Package, parse_manifest, verify_folder, write_package
 
 from .conftest import base_config, edged_cli, wait_until, write_config
+from .ultralytics_export import yolov8_export
 
 RAW = "face_detection_back_256x256_barracuda.onnx"
 START, FRAMES = 120, 48  # of the demo video: one face, none, then two; short enough for three daemon runs
@@ -205,3 +206,27 @@ def test_quantize_carries_every_batch(built: dict[str, Any], tmp_path: Path) -> 
         "--batch", "1,8", "--out", str(tmp_path / "bad"),
     )  # fmt: skip
     assert bad.returncode == 1 and "the largest must be the model's own batch 4" in bad.stderr, bad.stderr[-1000:]
+
+
+def test_an_ultralytics_shaped_export_gives_the_same_detections_at_every_batch(
+    built: dict[str, Any], broker: Any, subscribe: Any, start_daemon: Any, demo: DemoAssets, tmp_path: Path
+) -> None:
+    """A static (batch 1) export shaped like a real Ultralytics YOLOv8 one, anchors computed in the graph with a
+    `[1, -1]` Reshape that is not the batch (tests/ultralytics_export.py), through `edged model init --batch 1,4`
+    and `edged run`: one camera (batch 1, the export itself) and four (batch 4, rebatched) publish the same
+    detections frame for frame. Before the value check, batch 4 published every box elsewhere."""
+    src = yolov8_export(tmp_path / "yolov8n.onnx", ["person", "car", "dog"], 320, class_bias=0.0)
+    done = edged_cli(
+        "model", "init", str(src), "--batch", "1,4", "--out", str(tmp_path / "yolo"),
+        "--image", str(built["clip"].parent / "frame.png"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    pkg = verify_folder(tmp_path / "yolo")
+    one, one_tel = _run(broker, subscribe, start_daemon, demo, tmp_path / "a", pkg, built["clip"], 1)
+    assert one_tel["batch_runs"] == {"1": FRAMES}
+    assert sum(len(v) for v in one.values()) >= FRAMES / 4, "the stand-in finds things in the clip"
+    four, four_tel = _run(broker, subscribe, start_daemon, demo, tmp_path / "b", pkg, built["clip"], 4)
+    assert int(four_tel["batch_runs"].get("4", 0)) >= 0.75 * FRAMES, four_tel["batch_runs"]
+    for cam in range(4):
+        mine = {f: dets for (c, f), dets in four.items() if c == f"cam{cam}"}
+        assert mine == {f: dets for (_, f), dets in one.items()}, f"cam{cam} (batch 4) differs from batch 1"
