@@ -31,6 +31,7 @@ from edged.errors import (
     PackageError,
     PublishError,
     StateDirError,
+    SwapError,
 )
 from edged.models.package import Package, open_package
 from edged.models.store import Store
@@ -43,7 +44,7 @@ from .decoders import Decoder, build_decoder
 from .governor import admit
 from .sensors import rss_mb
 from .startup import StoppedBeforeStart
-from .swap import check_io, estimate_mb
+from .swap import batches_check, check_io, estimate_mb
 from .systemd import notify
 
 logger = logging.getLogger(__name__)
@@ -200,6 +201,12 @@ class ModelLoader:
         backend = backend or open_package_backend(cfg, package)
         try:
             check_io(package, backend)
+            try:  # a package an older edged rebatched wrongly never serves (on probation: rolled back, below)
+                checked = batches_check(package, backend)
+            except SwapError as exc:
+                raise PackageError(str(exc), code=exc.code) from exc
+            if checked:
+                logger.info("%s: %s", package.ref, checked)
             shapes = {o.name: o.shape for o in backend.outputs}
             decoder = build_decoder(m.decoder, m.input, m.labels, shapes)
             loaded_mb = max(model_mb, backend.memory_bytes / 2**20)  # an engine's device memory, as loaded

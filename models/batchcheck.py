@@ -54,7 +54,14 @@ def run_in_batches(run: Run, x: np.ndarray, batch: int) -> dict[str, np.ndarray]
         if rows < batch:
             chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - rows, axis=0)])
         for name, value in run(np.ascontiguousarray(chunk)).items():
-            parts.setdefault(name, []).append(np.asarray(value)[:rows])
+            value = np.asarray(value)
+            if value.ndim == 0 or value.shape[0] != batch:
+                raise PackageError(
+                    f"output {name!r} is {list(value.shape)} at batch {batch}: its first dimension is not the batch, "
+                    "so its rows cannot be compared (edged's decoders read the batch first)",
+                    code=Code.BATCH_MISMATCH,
+                )
+            parts.setdefault(name, []).append(value[:rows])
     return {name: np.concatenate(values) for name, values in parts.items()}
 
 

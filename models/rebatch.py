@@ -153,7 +153,10 @@ def _batch_led(m: onnx.ModelProto) -> set[str]:
     del probe.graph.value_info[:]
     for t in probe.graph.output:
         t.type.tensor_type.ClearField("shape")
-    inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+    except (onnx.shape_inference.InferenceError, ValueError, RuntimeError) as exc:  # a custom op, a >2 GB model
+        raise PackageError(f"cannot trace the batch through the graph: {exc}", code=Code.REBATCH_FAILED) from exc
     led = set()
     for v in [*inferred.graph.input, *inferred.graph.value_info]:
         dims = v.type.tensor_type.shape.dim

@@ -4,6 +4,7 @@ bit), a graph shaped like a real Ultralytics export, and the value check that re
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -20,7 +21,7 @@ from edged.models.demo import DemoAssets
 from edged.models.package import write_package
 from edged.models.rebatch import rebatch
 
-from .conftest import edged_cli
+from .conftest import base_config, edged_cli, write_config
 from .ultralytics_export import yolov8_export
 
 
@@ -117,11 +118,11 @@ def test_check_batches_refuses_a_batch_that_computes_other_boxes(yolov8: Path) -
     assert exc.value.code == Code.BATCH_MISMATCH
 
 
-def test_a_package_from_an_older_edged_with_a_wrong_batch_is_refused_by_pack_and_at_a_swap(
-    yolov8: Path, tmp_path: Path
+def test_a_package_from_an_older_edged_with_a_wrong_batch_is_refused_by_pack_at_a_swap_and_at_start(
+    yolov8: Path, tmp_path: Path, broker: Any, start_daemon: Any, demo: DemoAssets
 ) -> None:
     """A package an older edged wrote: model.onnx at batch 4 rewritten wrongly, model.b1.onnx right (batch 1
-    needs no rewrite), a golden pair computed from the wrong model. `edged model pack` and a swap refuse it."""
+    needs no rewrite). `edged model pack`, a swap and a daemon's start refuse it."""
     source = onnx.load(str(yolov8))
     onnx.save(_old_rewrite(source, 4), str(tmp_path / "model.onnx"))
     onnx.save(source, str(tmp_path / "model.b1.onnx"))
@@ -143,6 +144,11 @@ def test_a_package_from_an_older_edged_with_a_wrong_batch_is_refused_by_pack_and
     with BatchSet(members) as backend, pytest.raises(SwapError, match="at batch 4: output 'output0'") as exc:
         batches_check(pkg, backend)
     assert exc.value.code == Code.BATCH_MISMATCH
+    doc = base_config(broker, demo, tmp_path / "run", [{"name": "cam", "uri": f"file://{demo.video}"}])
+    doc["model"]["package"] = str(pkg.root)
+    d = start_daemon(write_config(tmp_path / "c.yaml", doc))
+    assert d.proc.wait(120) != 0, d.output()[-2000:]
+    assert "yolo@1 at batch 4: output 'output0' differs from the reference" in d.output(), d.output()[-2000:]
     # the same package made right passes both
     onnx.save(rebatch(source, 4), str(tmp_path / "model.onnx"))
     pkg = write_package(
