@@ -29,6 +29,7 @@ from edged.protocol.backoff import Backoff
 
 from .config import CameraConfig
 from .gst import GST_SCHEMES, use_gstreamer
+from .motion import CutDetector
 from .preprocess import Preprocessor, Transform
 from .redact import scrub
 from .sources import Source, open_source, tls_warnings
@@ -57,13 +58,23 @@ class Throttle:
 
 @dataclass
 class FrameMeta:
-    frame: int  # index in the file for file://, else frames read since the camera started
+    frame: int  # frames read since this open (for file://, the index in the file): 0 again at a reopen or wrap
     captured_at: float  # wall clock, seconds since the epoch
     captured_mono: float  # time.monotonic() when the frame was read
     transform: Transform
     # the camera's own clock in seconds: a file's playing time (frames read / its fps, across loops and
     # reopens), whether it is read in real time or faster; for a live source, `captured_mono`
     clock_s: float
+    # frames read by this camera over its whole life, across reopens and loop wraps: never goes back
+    # (`frame` does, at each reopen and wrap); tracks age by it
+    seq: int = 0
+    # a count of the camera's discontinuities: +1 at each reopen after frames came (a reconnect, a loop
+    # wrap), a stall, or a scene cut. Frames of different segments do not follow one another: tracks end.
+    segment: int = 0
+    segment_reason: str = "start"  # what began this segment: one of SEGMENT_REASONS
+
+
+SEGMENT_REASONS = ("start", "reconnect", "loop", "stall", "scene_cut")
 
 
 @dataclass
@@ -105,6 +116,13 @@ class Camera:
         self.stats = CameraStats()
         self._got_frames = False
         self._played_s = 0.0  # a file source's playing time, across loops and reopens (each frame at its open's fps)
+        # FrameMeta.seq / segment / segment_reason: frames read in the camera's life, its discontinuities
+        self._seq = 0
+        self._segment = 0
+        self._segment_reason = "start"
+        self._break = ""  # why the last open ended (a SEGMENT_REASONS member): the next open's segment reason
+        tracking = cfg.detection is None or cfg.detection.tracking.enabled
+        self._cuts = CutDetector() if tracking else None  # scene cuts matter to tracks only
         self._last: tuple[np.ndarray, tuple[int, int] | None] | None = None  # newest frame offered, its source size
         self._thread = threading.Thread(target=self._run, name=f"camera-{cfg.name}", daemon=True)
 
@@ -139,6 +157,17 @@ class Camera:
     @property
     def live(self) -> bool:
         return self.stats.state == "up"
+
+    @property
+    def segment(self) -> int:
+        """The segment of the latest frame offered (while the camera is down: the one it went down in)."""
+        return self._segment
+
+    @property
+    def down_reason(self) -> str:
+        """While the camera is down: why its picture broke (`stall` or `reconnect`, as the next frame's
+        segment will say), for its tracks to end now; else ""."""
+        return (self._break or "reconnect") if self.stats.state == "down" else ""
 
     # --- the camera thread --------------------------------------------------------------------
     def start(self) -> None:
@@ -197,6 +226,7 @@ class Camera:
                 source.close()
             if got_frames:
                 backoff.reset()
+            self._break = {"looped": "loop", "stalled": "stall"}.get(outcome, self._break or "reconnect")
             if outcome == "looped":
                 continue
             if outcome == "ended":
@@ -223,6 +253,10 @@ class Camera:
         with self.cond:
             self.cond.notify_all()
 
+    def _new_segment(self, reason: str) -> None:
+        self._segment += 1
+        self._segment_reason = reason
+
     def _stream(self, source: Source) -> tuple[str, bool]:
         """Read until the source ends or fails. Returns (why, whether any frame came), why being
         looped | ended | stopped | stalled | failed."""
@@ -234,6 +268,11 @@ class Camera:
         min_gap = 0.0 if is_file and not self.cfg.realtime else 1.0 / self.cfg.fps_max
         index = 0
         self._got_frames = False
+        if self._seq > 0:  # a reopen after frames came: what follows does not continue what came before
+            self._new_segment(self._break or "reconnect")
+        self._break = ""
+        if self._cuts is not None:
+            self._cuts.reset()
         next_due = last_frame = time.monotonic()
         next_keep = 0.0
         while not self._stop.is_set():
@@ -242,6 +281,7 @@ class Camera:
                 if delay > 0 and self._stop.wait(delay):
                     break
                 next_due = max(next_due + pace, time.monotonic() - pace)
+            asked = time.monotonic()
             frame = source.read()
             now = time.monotonic()
             if frame is None:
@@ -251,10 +291,16 @@ class Camera:
                     self.stats.stalls += 1
                     return "stalled", index > 0
                 return "failed", index > 0
+            if index > 0 and now - asked >= self.cfg.stall_timeout_s:
+                self.stats.stalls += 1  # the frame came, but after a stall: what it shows does not continue
+                self._new_segment("stall")
+                if self._cuts is not None:
+                    self._cuts.reset()
             last_frame = now
             self._got_frames = True
             frame_no = index
             index += 1
+            self._seq += 1
             clock = now
             if is_file:  # a file's seconds are its own, however fast it is read
                 clock = self._played_s
@@ -288,6 +334,8 @@ class Camera:
             idx = self._free.pop()
         try:
             transform = self.pre.run(frame, self.rows[idx], src_size)
+            if self._cuts is not None and self._cuts.cut(frame):
+                self._new_segment("scene_cut")
         except Exception:
             with self.cond:
                 self._free.append(idx)
@@ -296,7 +344,16 @@ class Camera:
             if self._ready is not None:
                 self._free.append(self._ready)
                 self.stats.drops += 1
-            self._meta[idx] = FrameMeta(frame_no, wall, now_mono, transform, now_mono if clock_s is None else clock_s)
+            self._meta[idx] = FrameMeta(
+                frame_no,
+                wall,
+                now_mono,
+                transform,
+                now_mono if clock_s is None else clock_s,
+                self._seq,
+                self._segment,
+                self._segment_reason,
+            )
             self._last = (frame, src_size)
             self._ready = idx
             self.stats.frames += 1

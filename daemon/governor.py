@@ -241,7 +241,8 @@ class Governor:
         self.samples = 0
         self.cpu_s = 0.0
         self.started = time.monotonic()
-        self.rss: deque[tuple[float, float]] = deque(maxlen=3600)
+        self.rss: deque[tuple[float, float]] = deque(maxlen=3600)  # appended by the governor's thread
+        self._rss_lock = threading.Lock()  # ...read by telemetry's (a deque mutated while iterated raises)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="governor", daemon=True)
         if sensors.missing:
@@ -268,7 +269,8 @@ class Governor:
         self.last = r
         self.samples += 1
         if r.rss_mb is not None:
-            self.rss.append((now, r.rss_mb))
+            with self._rss_lock:
+                self.rss.append((now, r.rss_mb))
         d = self.policy.update(r, now)
         self.throttle.set(d.fps_scale, d.paused)
         for e in d.events:
@@ -279,7 +281,9 @@ class Governor:
         return d
 
     def rss_slope_mb_per_min(self, window_s: float = 600.0) -> float | None:
-        pts = [(t, v) for t, v in self.rss if t >= (self.rss[-1][0] - window_s)] if self.rss else []
+        with self._rss_lock:
+            rss = list(self.rss)
+        pts = [(t, v) for t, v in rss if t >= (rss[-1][0] - window_s)] if rss else []
         if len(pts) < 10 or pts[-1][0] - pts[0][0] < 30:
             return None
         t = np.array([p[0] for p in pts])

@@ -2,15 +2,23 @@
 predicted box, confident detections first, then (optionally) low-score ones for the tracks still unmatched.
 
 - Association is greedy on IoU, best pairs first, within one label (no solver dependency: with the few
-  objects a camera sees, greedy and Hungarian agree almost always, and greedy is easy to follow).
-- A track's box is predicted with a constant velocity (smoothed), per frame index, so a short miss or
+  objects a camera sees, greedy and Hungarian agree almost always, and greedy is easy to follow). A box
+  whose area is more than MAX_AREA_RATIO times the predicted box's (or less than its 1/MAX_AREA_RATIO)
+  never continues the track, whatever the IoU: one object does not double in size from one frame to
+  the next, two different ones in about the same place do.
+- A track's box is predicted with a constant velocity (smoothed), per frame, so a short miss or
   a dropped frame does not lose it.
 - A new track is tentative until it has `min_hits` detections in a row; a tentative track that misses
   one frame is forgotten. A confirmed track survives up to `max_age` frames without a detection, then
   ends. Only confirmed tracks give a detection its track_id.
 - Unmatched confident detections start tracks; low-score ones never do.
 
-Time is the frame index (`FrameMeta.frame`), so a file played fast and one played in real time track alike.
+Time is a frame count that never goes back (`FrameMeta.seq`: the frames the camera has read in its whole
+life, across reconnects and loop wraps; or, for a motion-gated camera, the frames inferred), so a file
+played fast and one played in real time track alike, and an older frame number is refused (ValueError).
+What breaks continuity (a reconnect, a loop wrap, a stall, a scene cut: `FrameMeta.segment`) is the
+caller's to act on: `close()` ends every track, and later tracks get new ids (numbered on per camera,
+never reused).
 """
 
 from __future__ import annotations
@@ -22,6 +30,18 @@ from typing import Any
 from .config import TrackingConfig
 
 Box = tuple[float, float, float, float]
+
+MAX_AREA_RATIO = 2.0  # a detection this much larger or smaller than a track's predicted box starts a new one
+
+
+def area(b: Box) -> float:
+    return max(0.0, b[2] - b[0]) * max(0.0, b[3] - b[1])
+
+
+def similar_size(a: Box, b: Box) -> bool:
+    """Whether `b` may be `a` a frame later: neither area over MAX_AREA_RATIO times the other."""
+    x, y = area(a), area(b)
+    return x <= MAX_AREA_RATIO * y and y <= MAX_AREA_RATIO * x
 
 
 def iou(a: Box, b: Box) -> float:
@@ -87,7 +107,7 @@ def _greedy(
     for ti, t in enumerate(tracks):
         predicted = t.predict(frame)
         for bi, (label, box) in enumerate(boxes):
-            if label == t.label:
+            if label == t.label and similar_size(predicted, box):
                 v = iou(predicted, box)
                 if v >= threshold:
                     pairs.append((v, ti, bi))
@@ -111,9 +131,14 @@ class Tracker:
         self.high_score = high_score
         self.tracks: list[Track] = []
         self._next_id = 1
+        self._frame = -1  # the latest frame given
 
     def update(self, dets: Sequence[tuple[str, float, Box]], frame: int) -> Update:
-        """`dets`: (label, score, box) of one frame; returns each detection's track."""
+        """`dets`: (label, score, box) of one frame; returns each detection's track. `frame`: the camera's
+        frame count, never lower than the previous call's (ValueError: tracks would never age out)."""
+        if frame < self._frame:
+            raise ValueError(f"frame {frame} after frame {self._frame}: the tracker's clock must never go back")
+        self._frame = frame
         out: list[Track | None] = [None] * len(dets)
         high = [i for i, d in enumerate(dets) if d[1] >= self.high_score]
         low = [i for i, d in enumerate(dets) if d[1] < self.high_score]
@@ -175,7 +200,8 @@ class Tracker:
         confirmed.append(t)
 
     def close(self) -> list[Track]:
-        """End every confirmed track (the camera stopped)."""
+        """End every confirmed track and forget the tentative ones (the camera stopped, or what comes next
+        does not continue what came before); the next ids go on from the last one."""
         ended = [t for t in self.tracks if t.confirmed]
         self.tracks = []
         return ended

@@ -43,6 +43,56 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str, step: float 
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def slowdown() -> float:
+    """How many times slower than a quiet machine this one may be: $EDGED_TEST_SLOWDOWN (default 1), which
+    scales the no-progress window of `wait_progress`. Read when asked, so `monkeypatch.setenv` works."""
+    raw = os.environ.get("EDGED_TEST_SLOWDOWN", "1")
+    try:
+        factor = float(raw)
+    except ValueError:
+        factor = 0.0
+    if not factor >= 1.0:  # also NaN
+        raise ValueError(f"EDGED_TEST_SLOWDOWN={raw!r}: want a number of 1 or more (how many times slower)")
+    return factor
+
+
+def wait_progress(
+    done: Callable[[], bool],
+    progress: Callable[[], object],
+    stall_s: float,
+    what: str,
+    limit_s: float = 600.0,
+    step: float = 0.1,
+) -> None:
+    """Wait until `done()`, for a condition whose time depends on the machine's speed (rows written, results
+    delivered, daemons started): for as long as `progress()` (a count of that work) keeps changing. Fails when
+    it has not changed for `stall_s` x `slowdown()`, or after `limit_s` in all; so a machine three times
+    slower takes three times as long, and fails only when the work has stopped."""
+    window = stall_s * slowdown()
+    start = changed = time.monotonic()
+    last = progress()
+    while not done():
+        now = time.monotonic()
+        current = progress()
+        if current != last:
+            last, changed = current, now
+        if now - changed > window:
+            raise AssertionError(f"waiting for {what}: no progress for {window:g} s (stuck at {current!r})")
+        if now - start > limit_s:
+            raise AssertionError(f"timed out after {limit_s:g} s waiting for {what} (progress {current!r})")
+        time.sleep(step)
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time a process has used so far (user and system, /proc/PID/stat); 0.0 once it is gone. A
+    progress measure for `wait_progress` that moves while a process works, even before it prints anything."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
 def seq_gaps(seqs: list[int]) -> str:
     """What is wrong with a run's result numbers, or "": QoS 1 is at-least-once, so a redelivered
     (duplicate or late) seq is allowed, a missing one is not."""

@@ -32,7 +32,7 @@ from edged.daemon.spool import Spool, SpoolError
 from edged.daemon.telemetry import RunSummary
 from edged.models.demo import DemoAssets
 
-from .conftest import REPO, Broker, Message, base_config, free_port, wait_until, write_config
+from .conftest import REPO, Broker, Message, base_config, free_port, wait_progress, wait_until, write_config
 from .test_delivery import cams, seqs_of
 from .test_systemd import NotifySocket
 
@@ -236,10 +236,19 @@ def test_spool_does_not_fill_a_small_filesystem_by_itself(
         broker.stop()  # away at first
         doc = base_config(broker, demo, tmp_path, cams(30), state_dir=str(fs / "state"))
         d = start_daemon(write_config(tmp_path / "c.yaml", doc))
-        wait_until(lambda: "spool: over its bounds (0.12 MB" in d.output(), 60, "the spool at its filesystem bound")
+        db = fs / "state" / "spool.db"
+        # how soon the spool reaches its bound depends on how fast this machine infers: wait while results
+        # keep coming (the daemon's log grows during its start, the spool's newest seq while it serves)
+        wait_progress(
+            lambda: "spool: over its bounds (0.12 MB" in d.output(),
+            lambda: (len(d.output()), max(spool_seqs(db), default=0)),
+            60,
+            "the spool at its filesystem bound",
+            step=0.5,
+        )
         broker.start()
         try:
-            wait_until(lambda: len(sub.results()) >= 100, 30, "the spooled results and new ones")
+            wait_progress(lambda: len(sub.results()) >= 100, lambda: len(sub.results()), 30, "the results delivered")
             assert d.stop() == 0, d.output()[-3000:]
         finally:
             broker.stop()
@@ -538,4 +547,6 @@ def test_the_run_summary_counts_qos_0_results_as_delivered(
     m = re.search(r"edged: (\d+) results .* (\d+) messages spooled, (\d+) delivered, (\d+) left in the spool", summary)
     assert m, summary
     results, spooled, delivered, left = (int(g) for g in m.groups())
-    assert results > 10 and delivered + left == spooled and delivered >= results, summary
+    # how many results 3 s give depends on the machine (beside two busy loops on 2 cores: 10, not 60); the
+    # counts agreeing is the point, over a run that served (the duration counts from the first batch)
+    assert results > 0 and delivered + left == spooled and delivered >= results, summary

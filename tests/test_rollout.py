@@ -20,7 +20,19 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edged.deploy.rollout import allowed_failures, parse_waves, plan_waves
 from edged.models.demo import DemoAssets
 from edged.models.signing import SigningKey
-from tests.conftest import REPO, Broker, DaemonProc, Message, Subscriber, edged_cli, free_port, wait_until, write_config
+from tests.conftest import (
+    REPO,
+    Broker,
+    DaemonProc,
+    Message,
+    Subscriber,
+    cpu_seconds,
+    edged_cli,
+    free_port,
+    wait_progress,
+    wait_until,
+    write_config,
+)
 from tests.test_mirror import nginx_factory  # noqa: F401  (fixture: a real nginx)
 from tests.test_ota import MODEL, build, device_doc, install, serving
 from tests.test_site import acked, connect, shipped, site, subscribed  # noqa: F401  (fixtures: a real site)
@@ -58,8 +70,14 @@ def fleet(
     return cfgs
 
 
+# The pusher's own bounds: a device's outcome within PUSH_TIMEOUT_S of its offer, an offline device followed for
+# WAIT_OFFLINE_S. A pusher always ends by itself within them, so a test waits for it longer than they add up to.
+PUSH_TIMEOUT_S = 180
+WAIT_OFFLINE_S = 150
+
+
 def push_cmd(broker: Broker, *args: str) -> list[str]:
-    host = ["--host", broker.host, "--port", str(broker.port), "--timeout", "180"]
+    host = ["--host", broker.host, "--port", str(broker.port), "--timeout", str(PUSH_TIMEOUT_S)]
     return [sys.executable, "-m", "edged", "push", *args, *host]
 
 
@@ -87,6 +105,28 @@ def retained_offline(broker: Broker, dev: str, groups: list[str]) -> None:
     c.loop_stop()
 
 
+def wait_fleet_serving(daemons: list[DaemonProc]) -> None:
+    """Daemons started at once all serve. Their start costs the machine their number times one daemon's
+    start (20 of them on 2 busy cores: minutes, most of it importing before a first log line), so the wait
+    lasts while those still starting work (their CPU time grows) and fails when none has for 60 s, or when
+    one exits."""
+
+    def starting() -> list[DaemonProc]:
+        return [d for d in daemons if "serving 1 camera(s)" not in d.output()]
+
+    def all_serving() -> bool:
+        for d in daemons:
+            if d.proc.poll() is not None:
+                raise AssertionError(f"a daemon exited with {d.proc.returncode}:\n{d.output()[-3000:]}")
+        return not starting()
+
+    def progress() -> tuple[int, float]:
+        left = starting()
+        return len(left), sum(cpu_seconds(d.proc.pid) for d in left)
+
+    wait_progress(all_serving, progress, 60, f"{len(daemons)} daemons to serve", step=0.25)
+
+
 def rollout_kill_resume_catch_up(
     n: int,
     broker: Broker,
@@ -102,8 +142,7 @@ def rollout_kill_resume_catch_up(
     sub = subscribe(broker, "edged/#")
     daemons = {dev: start_daemon(cfgs[dev]) for dev in names[:-1]}
     retained_offline(broker, late, ["dock"])
-    for d in daemons.values():
-        serving(d)
+    wait_fleet_serving(list(daemons.values()))
     v2 = build(demo, tmp, signer, 2)
     state = tmp / "rollout.json"
     first_wave = max(1, (n - 1) // 4)
@@ -118,7 +157,8 @@ def rollout_kill_resume_catch_up(
         last = text.partition("wave 2/2")[2]
         return any(s in last for s in ("downloading", "verifying", "installing", "probation")) or p.poll() is not None
 
-    wait_until(downloading_in_last_wave, 240, "the rollout's last wave to download")
+    # the first wave ends within the pusher's timeout; then the last one starts
+    wait_until(downloading_in_last_wave, PUSH_TIMEOUT_S + 120, "the rollout's last wave to download")
     assert p.poll() is None, log.read_text()
     p.send_signal(signal.SIGKILL)  # killed in the middle: nothing flushed at exit
     p.wait(10)
@@ -132,7 +172,7 @@ def rollout_kill_resume_catch_up(
     log2 = tmp / "push2.log"
     with open(log2, "w") as out:
         p2 = subprocess.Popen(
-            push_cmd(broker, "--resume", str(state), "--wait-offline", "150"),
+            push_cmd(broker, "--resume", str(state), "--wait-offline", str(WAIT_OFFLINE_S)),
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
@@ -140,7 +180,9 @@ def rollout_kill_resume_catch_up(
         )
     wait_until(lambda: "group 'dock'" in log2.read_text() or p2.poll() is not None, 60, "the resumed discovery")
     daemons[late] = start_daemon(cfgs[late])
-    assert p2.wait(300) == 0, log2.read_text() + "".join(d.output()[-3000:] for d in daemons.values())
+    # the last wave (its timeout), then the late device (the offline wait): one after the other
+    rc = p2.wait(PUSH_TIMEOUT_S + WAIT_OFFLINE_S + 120)
+    assert rc == 0, log2.read_text() + "".join(d.output()[-3000:] for d in daemons.values())
     text = log2.read_text()
     assert f"{n} of {n} device(s) succeeded" in text, text
     for dev in names:
@@ -175,6 +217,7 @@ def test_a_rollout_killed_and_resumed_and_an_offline_device_catches_up(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 20 daemons on a 2-core machine: the pusher's own bounds (above) add up past 600 s
 def test_a_rollout_to_20_daemons_killed_and_resumed(
     broker: Broker,
     demo: DemoAssets,

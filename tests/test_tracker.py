@@ -9,7 +9,7 @@ import numpy as np
 import pydantic
 import pytest
 
-from edged.daemon.capture import FrameMeta
+from edged.daemon.capture import SEGMENT_REASONS, FrameMeta
 from edged.daemon.config import CameraConfig, CameraDetectionConfig, DetectionConfig, TrackingConfig, ZoneConfig
 from edged.daemon.decoders import Detection
 from edged.daemon.events import Scene, Scenes, decode_options
@@ -18,6 +18,7 @@ from edged.daemon.preprocess import Transform
 from edged.daemon.tracker import Tracker
 from edged.daemon.zones import Polygons, anchor_point, inside
 from edged.protocol import EVENT_SCHEMA, schema
+from edged.protocol.schemas import OBJECT_END_REASONS
 
 
 def box(cx: float, cy: float, s: float = 40.0) -> tuple[float, float, float, float]:
@@ -63,6 +64,25 @@ def test_low_score_detections_continue_a_track_but_never_start_one() -> None:
     assert len(t.tracks) == 1
 
 
+def test_a_size_jump_starts_a_new_track_whatever_the_iou() -> None:
+    t = Tracker(TrackingConfig(min_hits=1, max_age=5), high_score=0.5)
+    t.update([("person", 0.9, (100.0, 100.0, 140.0, 200.0))], 0)
+    # twice as wide, IoU 0.4 (over the 0.3 threshold): another object where the first one was
+    big = (100.0, 100.0, 200.0, 200.0)
+    up = t.update([("person", 0.9, big)], 1)
+    assert up.tracks[0] is not None and up.tracks[0].id == 2
+    up = t.update([("person", 0.9, (102.0, 100.0, 190.0, 200.0))], 2)  # 12 % smaller: the same one
+    assert up.tracks[0] is not None and up.tracks[0].id == 2
+
+
+def test_the_tracker_refuses_a_clock_that_goes_back() -> None:
+    t = Tracker(TrackingConfig(min_hits=1, max_age=3), high_score=0.5)
+    t.update([("face", 0.9, box(100, 100))], 500)
+    t.update([], 500)  # the same frame count again (a motion-gated camera's tick never repeats, but it may)
+    with pytest.raises(ValueError, match="frame 0 after frame 500: the tracker's clock must never go back"):
+        t.update([("face", 0.9, box(100, 100))], 0)
+
+
 def test_labels_do_not_mix() -> None:
     t = Tracker(TrackingConfig(min_hits=1), high_score=0.5)
     t.update([("cat", 0.9, box(100, 100))], 0)
@@ -82,9 +102,18 @@ def test_zones_in_pixels_and_normalised() -> None:
 # --- a camera's Scene: its own settings, masks, zones, events ---------------------------------------------
 
 
-def result(frame: int, dets: list[Detection], camera: str = "cam") -> Result:
-    meta = FrameMeta(frame, 1_000_000.0 + frame / 10, float(frame), Transform(1, 1, 0, 0, 640, 480), float(frame))
-    return Result(camera, meta, dets, 1.0, float(frame), "m", 1)
+def result(
+    frame: int,
+    dets: list[Detection],
+    camera: str = "cam",
+    seq: int | None = None,
+    segment: tuple[int, str] = (0, "start"),
+) -> Result:
+    """A result of `frame` (the camera's per-open index); `seq`: its frame count over its life (default `frame`)."""
+    t = Transform(1, 1, 0, 0, 640, 480)
+    seq = frame if seq is None else seq
+    meta = FrameMeta(frame, 1_000_000.0 + seq / 10, float(seq), t, float(seq), seq, *segment)
+    return Result(camera, meta, dets, 1.0, float(seq), "m", 1)
 
 
 def det(label: str, score: float, b: tuple[float, float, float, float]) -> Detection:
@@ -160,6 +189,65 @@ def test_snapshot_in_appeared_and_ended() -> None:
     assert ended["type"] == "object_ended" and ended["snapshot"] == events[0]["snapshot"]
 
 
+def test_a_reopen_ends_the_tracks_with_its_reason_and_ids_go_on() -> None:
+    """The frame index starts again at 0 after a reconnect (and a loop wrap): the tracks age by the camera's
+    frame count, and the new segment ends them with its reason; a face where the old one was is a new track."""
+    own = CameraDetectionConfig(tracking={"min_hits": 2, "max_age": 3}, publish="events")
+    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda _: None)
+    face = [det("face", 0.9, (100, 100, 140, 140))]
+    got = []
+    for f in range(10):
+        got += scenes.process(result(f, face if f < 6 else []))[1]
+    assert [(e["type"], e["track_id"], e.get("reason")) for e in got] == [
+        ("object_appeared", 1, None),
+        ("object_ended", 1, "lost"),  # frames 6-9 without it: over max_age 3
+    ]
+    got = []
+    for seq in range(10, 20):  # the frame index is 0 again, the frame count goes on (a reopen; its segment below)
+        got += scenes.process(result(seq - 10, face, seq=seq, segment=(0, "start")))[1]
+    got += scenes.process(result(0, face, seq=20, segment=(1, "reconnect")))[1]
+    got += scenes.process(result(1, face, seq=21, segment=(1, "reconnect")))[1]
+    got += scenes.process(result(0, face, seq=22, segment=(2, "loop")))[1]
+    assert [(e["type"], e["track_id"], e.get("reason")) for e in got] == [
+        ("object_appeared", 2, None),
+        ("object_ended", 2, "reconnect"),
+        ("object_appeared", 3, None),
+        ("object_ended", 3, "loop"),  # its successor is still tentative (min_hits 2)
+    ]
+    got = scenes.process(result(1, face, seq=23, segment=(2, "loop")))[1] + scenes.close()
+    assert [(e["type"], e["track_id"], e.get("reason")) for e in got] == [
+        ("object_appeared", 4, None),
+        ("object_ended", 4, "stopped"),
+    ]
+    assert all(e["first_frame"] <= e["last_frame"] for e in got)
+
+
+def test_results_in_flight_after_a_camera_went_down_start_no_track() -> None:
+    """The main loop ends a down camera's tracks at once (`end_tracks`); results of that segment still in the
+    pipeline then go out untracked: the face does not appear (and end) a second time before the reconnect."""
+    own = CameraDetectionConfig(tracking={"min_hits": 1, "max_age": 3}, publish="events")
+    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda _: None)
+    face = [det("face", 0.9, (100, 100, 140, 140))]
+    got = scenes.process(result(0, face))[1]
+    got += scenes.end_tracks("cam", "reconnect", segment=0)
+    late, events = scenes.process(result(1, face))[:2]  # batched before the camera went down
+    got += events
+    assert [d.track_id for d in late.detections] == [None]
+    assert scenes.end_tracks("cam", "reconnect", segment=0) == []  # asked again while it stays down
+    got += scenes.process(result(0, face, seq=2, segment=(1, "reconnect")))[1]
+    got += scenes.close()
+    assert [(e["type"], e["track_id"], e.get("reason")) for e in got] == [
+        ("object_appeared", 1, None),
+        ("object_ended", 1, "reconnect"),
+        ("object_appeared", 2, None),
+        ("object_ended", 2, "stopped"),
+    ]
+    # a camera that came back before the main loop asked: its new segment's tracks are not ended
+    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda _: None)
+    scenes.process(result(0, face, seq=5, segment=(1, "reconnect")))
+    assert scenes.end_tracks("cam", "reconnect", segment=0) == []
+
+
 def test_camera_detection_config_errors() -> None:
     bad = [
         {"zones": [{"name": "z", "points": [(0, 0), (2, 0), (1, 1)], "normalized": True}]},  # over 1
@@ -189,3 +277,9 @@ def test_object_events_fit_the_shipped_event_schema() -> None:
     assert not check.is_valid(broken)
     assert not check.is_valid({**head, **events[0], "type": "object_entered"})  # no zone
     assert check.is_valid({**head, "type": "throttle", "from": "normal", "to": "warm"})  # others as before
+    ended = next(e for e in events if e["type"] == "object_ended")
+    assert ended["reason"] == "stopped"
+    reasons = schema(EVENT_SCHEMA)["$defs"]["object"]["properties"]["reason"]["enum"]
+    assert tuple(reasons) == OBJECT_END_REASONS
+    assert not check.is_valid({**head, **ended, "reason": "gone"})
+    assert {r for r in SEGMENT_REASONS if r != "start"} <= set(OBJECT_END_REASONS)
