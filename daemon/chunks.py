@@ -16,6 +16,9 @@ order through a `PartFile` (hashed as they are written) and the progress is reco
 `ota.retry_s` of silence plus a full-jitter backoff up to `MAX_REASK_S`, so devices that lost the broker
 together do not all ask again at once.
 
+The cancel command stops a fetch within a quarter second (`Transfer.cancelled`, checked between
+chunks); the receiver then drops the files.
+
 A join (the same package offered again under a new transfer id) moves the requests in flight to the
 new id (`ChunkFetcher.rename`) and the receiver asks them again at once, so the transfer does not stall
 for `retry_s`; chunks already accepted under the old id are still written.
@@ -180,7 +183,7 @@ class ChunkFetcher:
             quiet_s = self.cfg.retry_s + reask.next_s()  # jittered: a fleet offered together asks again apart
             since_save = 0
             last_status = 0.0
-            while part.done < size and not self._stop.is_set():
+            while part.done < size and not self._stop.is_set() and not t.cancelled.is_set():
                 while len(asked) < self.cfg.window and next_off < size:
                     n = min(chunk_bytes, size - next_off)
                     self._ask(t, name, next_off, n)
@@ -227,7 +230,7 @@ class ChunkFetcher:
                     self._progress(t)
                     last_status = last_data
             if part.done < size:
-                return  # stopping: what arrived is kept for a resume
+                return  # stopping (what arrived is kept for a resume) or cancelled (the receiver drops it)
             t.finish(part, sha256)
         finally:
             self._forget()

@@ -10,6 +10,7 @@ time) is commands.py; this is what each verb does to the running daemon.
     reload     read the config file again: apply what can change live, name what needs a restart
                (SIGHUP does the same, off the main thread)
     ota        an OTA offer (ota.py), or ``not_supported`` with the reason
+    cancel     stop the running OTA transfer and drop its files (``edged push --cancel``)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 from edged.errors import Code, ConfigError, EdgedError
 from edged.protocol import topics
+from edged.protocol.ota import CANCEL_VERB
 
 from .annotate import draw, fit_jpeg
 from .capture import Camera, Throttle
@@ -32,7 +34,7 @@ from .config import load_config
 from .decoders import DecodeOptions
 from .governor import Governor
 from .inference import InferenceLoop, Result
-from .ota import MAX_OFFER_BYTES, OfferArgs, OtaReceiver
+from .ota import MAX_OFFER_BYTES, CancelArgs, OfferArgs, OtaReceiver
 from .publish import MAX_PAYLOAD_BYTES, Publisher
 from .swap import ModelManager
 from .systemd import monotonic_usec, notify
@@ -103,6 +105,7 @@ class Control:
         commands.register("rollback", NoArgs, self.rollback, idempotent=False)
         offer = ota.offer if ota is not None else self._no_ota
         commands.register("ota", OfferArgs, offer, idempotent=False, max_bytes=MAX_OFFER_BYTES)
+        commands.register(CANCEL_VERB, CancelArgs, ota.cancel if ota is not None else self._no_ota, idempotent=False)
 
     def record(self, r: Result) -> None:
         """A result's detections, which a snapshot of its camera draws."""
@@ -169,7 +172,7 @@ class Control:
             "detections": len(self.last_dets.get(cam.name, [])),
         }
 
-    def _no_ota(self, _: OfferArgs) -> dict[str, Any]:
+    def _no_ota(self, _: OfferArgs | CancelArgs) -> dict[str, Any]:
         why = (
             "ota.enabled is false"
             if self.host.cfg.model.name is not None

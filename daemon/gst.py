@@ -220,37 +220,22 @@ class GstSource:
         # what the probes (on GStreamer's streaming threads) compare and return, looked up once here: a probe
         # running at interpreter exit cannot look them up ("no attribute 'CAPS'")
         self._caps_event, self._probe_ok, self._no_pts = gst.EventType.CAPS, gst.PadProbeReturn.OK, gst.CLOCK_TIME_NONE
+        # every probe and signal handler connected here holds this object, which holds the pipeline: a
+        # cycle through C that Python's collector cannot see. `close` undoes them, or the closed pipeline
+        # (its bus's socket pair, its decoder's buffers) outlived it: 4 fds and 1-4 MB at every reopen.
+        self._hooks: list[tuple[Any, int, bool]] = []  # (element or pad, handler or probe id, is a probe)
+        self.pipeline: Any = None
+        self.sink: Any = None
+        self._bus: Any = None
+        self._size: Any = None
+        self._tls = tls or Tls()
+        self._tls_problem = ""  # why the camera's certificate was refused (accept-certificate), for the error
         try:
             self.pipeline = gst.parse_launch(p.description)
         except glib.Error as exc:
             raise CaptureError(f"{shown}: bad pipeline: {scrub(str(exc.message))}") from exc
-        src = self.pipeline.get_by_name("src")
-        for key, value in p.props.items():
-            if src is None:
-                raise CaptureError(f"{shown}: pipeline without a source named src")
-            src.set_property(key, value)
-        self._tls = tls or Tls()
-        self._tls_problem = ""  # why the camera's certificate was refused (accept-certificate), for the error
-        if src is not None and src.get_factory() is not None and src.get_factory().get_name() == "rtspsrc":
-            src.connect("select-stream", self._video_only)  # a camera's audio track is not linked
-            self._setup_tls(src)
-        self.sink = self.pipeline.get_by_name("sink") or self._find_appsink()
-        if self.sink.get_property("caps") is None:  # a gst:// pipeline that left them open: formats we read
-            self.sink.set_property("caps", gst.Caps.from_string(f"video/x-raw,format={{{','.join(_CHANNELS)}}}"))
-        self.sink.set_property("max-buffers", 1)
-        self.sink.set_property("drop", p.live)
-        self.sink.set_property("sync", False)
-        dec = self.pipeline.get_by_name("dec")
-        if dec is not None:
-            dec.connect("deep-element-added", self._element_added)
-        scaler = self.pipeline.get_by_name("scaler")
-        self._size = self.pipeline.get_by_name("size")
-        if scaler is not None:
-            pad = scaler.get_static_pad("sink")
-            pad.add_probe(gst.PadProbeType.EVENT_DOWNSTREAM, self._on_caps)
-            pad.add_probe(gst.PadProbeType.BUFFER, self._on_buffer)
-        self._bus = self.pipeline.get_bus()
         try:
+            self._build(p)
             if self.pipeline.set_state(gst.State.PLAYING) == gst.StateChangeReturn.FAILURE:
                 self._raise_bus_error(f"{shown}: the pipeline would not start")
             self._pending = self._pull(timeout_s)
@@ -262,6 +247,37 @@ class GstSource:
             if self._live and p.props.get("location"):  # a network camera: connected, or not, and then silent
                 raise CaptureError(f"{shown}: no answer (no frame) within {timeout_s:g} s")
             raise CaptureError(f"{shown}: no frame within {timeout_s:g} s of opening")
+
+    def _build(self, p: Plan) -> None:
+        """Set the source's properties, connect the callbacks (each recorded for `close`), tune the appsink."""
+        gst = self._gst
+        src = self.pipeline.get_by_name("src")
+        for key, value in p.props.items():
+            if src is None:
+                raise CaptureError(f"{self._shown}: pipeline without a source named src")
+            src.set_property(key, value)
+        if src is not None and src.get_factory() is not None and src.get_factory().get_name() == "rtspsrc":
+            self._connect(src, "select-stream", self._video_only)  # a camera's audio track is not linked
+            self._setup_tls(src)
+        self.sink = self.pipeline.get_by_name("sink") or self._find_appsink()
+        if self.sink.get_property("caps") is None:  # a gst:// pipeline that left them open: formats we read
+            self.sink.set_property("caps", gst.Caps.from_string(f"video/x-raw,format={{{','.join(_CHANNELS)}}}"))
+        self.sink.set_property("max-buffers", 1)
+        self.sink.set_property("drop", p.live)
+        self.sink.set_property("sync", False)
+        dec = self.pipeline.get_by_name("dec")
+        if dec is not None:
+            self._connect(dec, "deep-element-added", self._element_added)
+        scaler = self.pipeline.get_by_name("scaler")
+        self._size = self.pipeline.get_by_name("size")
+        if scaler is not None:
+            pad = scaler.get_static_pad("sink")
+            self._hooks.append((pad, pad.add_probe(gst.PadProbeType.EVENT_DOWNSTREAM, self._on_caps), True))
+            self._hooks.append((pad, pad.add_probe(gst.PadProbeType.BUFFER, self._on_buffer), True))
+        self._bus = self.pipeline.get_bus()
+
+    def _connect(self, element: Any, signal: str, handler: Any) -> None:
+        self._hooks.append((element, element.connect(signal, handler), False))
 
     def _setup_tls(self, src: Any) -> None:
         """rtsps://: the CA file the camera's certificate must chain to (a self-signed camera's own
@@ -275,7 +291,7 @@ class GstSource:
             except Exception as exc:  # GLib.Error: unreadable, or no certificate in it
                 raise CaptureError(f"{self._shown}: tls_ca_file {self._tls.ca_file}: {scrub(str(exc))}") from exc
             src.set_property("tls-database", database)
-        src.connect("accept-certificate", self._accept_certificate)
+        self._connect(src, "accept-certificate", self._accept_certificate)
 
     def _accept_certificate(self, _src: Any, _conn: Any, _cert: Any, errors: Any) -> bool:
         if not self._tls.verify:
@@ -418,13 +434,30 @@ class GstSource:
         return frame
 
     def read(self) -> np.ndarray | None:
+        if self.pipeline is None:
+            raise ValueError(f"{self._shown}: read after close")
         if self._pending is not None:
             frame, self._pending = self._pending, None
             return frame
         return self._pull(self._timeout_s)
 
     def close(self) -> None:
-        self.pipeline.set_state(self._gst.State.NULL)
+        """Stop the pipeline and let go of it: its probes and signal handlers removed, every reference to
+        it dropped, so it is freed now with its fds, threads and buffers. Closing twice is harmless."""
+        pipeline, self.pipeline = self.pipeline, None
+        if pipeline is None:
+            return
+        if pipeline.set_state(self._gst.State.NULL) == self._gst.StateChangeReturn.FAILURE:
+            logger.warning("%s: the pipeline did not stop cleanly", self._shown)
+        for obj, hook, is_probe in reversed(self._hooks):
+            if is_probe:
+                obj.remove_probe(hook)
+            else:
+                obj.disconnect(hook)
+        self._hooks.clear()
+        self.sink = self._bus = self._size = self._pending = None
+        with self._sizes_lock:
+            self._sizes.clear()
 
 
 def use_gstreamer(cam: CameraConfig) -> bool:

@@ -29,7 +29,14 @@ store recorded it leaves the version under ``versions/``: the resume finishes th
 States: accepted, downloading, verifying,
 installing, probation (success), unchanged (already current: a no-op), rejected (a check refused
 it), failed (the transfer could not complete), joined (the same package was offered again while
-it downloaded: the transfer carries on under the newer offer's id, named in `by`).
+it downloaded: the transfer carries on under the newer offer's id, named in `by`), cancelled (the
+``cancel`` command stopped it: its files are dropped).
+
+The ``cancel`` command (`OtaReceiver.cancel`) stops the running transfer on either path while its files
+download (a chunk fetch within a quarter second; an HTTP(S) read is cut at once, a connect within
+``ota.http_timeout_s``), drops its folder, publishes ``cancelled`` and replies once the thread has
+stopped; once every file is in and the swap has begun it is too late (``busy``: the ``rollback``
+command undoes a swap). Nothing running is ``no_transfer``.
 
 A join (a second `edged push` of the package, or a pusher taking its transfer back) moves the
 requests in flight to the new id and asks them again at once (`ChunkFetcher.rename`), so the transfer
@@ -56,7 +63,15 @@ from edged.models.signing import TrustStore
 from edged.models.store import Store
 from edged.models.storefiles import fsync_dir, write_atomic
 from edged.protocol import topics
-from edged.protocol.ota import MAX_OFFER_BYTES, ModelRef, OfferArgs, OtaState, offer_payload, status_doc
+from edged.protocol.ota import (
+    MAX_OFFER_BYTES,
+    CancelArgs,
+    ModelRef,
+    OfferArgs,
+    OtaState,
+    offer_payload,
+    status_doc,
+)
 
 from .chunks import ChunkFetcher, OtaLink
 from .config import OtaConfig
@@ -65,6 +80,7 @@ from .transfer import PROGRESS_EVERY, Transfer
 
 __all__ = [
     "MAX_OFFER_BYTES",
+    "CancelArgs",
     "Installer",
     "OfferArgs",
     "OtaLink",
@@ -73,6 +89,8 @@ __all__ = [
 ]  # the offer's format: edged.protocol.ota
 
 logger = logging.getLogger(__name__)
+
+CANCEL_STOP_S = 5.0  # what a cancel waits for the transfer thread, on top of a connect's ota.http_timeout_s
 
 
 class Installer(Protocol):
@@ -155,6 +173,35 @@ class OtaReceiver:
             t = Transfer(folder, args.transfer, offer, args.urls)
             self._start(t)
             return self._accepted(t)
+
+    def cancel(self, args: CancelArgs) -> dict[str, Any]:
+        """The ``cancel`` command: stop the running transfer, wait (bounded) for its thread to drop its files
+        and publish ``cancelled``, and say what was cancelled."""
+        with self._lock:
+            t, thread = self._current, self._thread
+            if t is None or thread is None or not thread.is_alive():
+                raise CommandError(Code.NO_TRANSFER, "no transfer runs: nothing to cancel")
+            if args.transfer is not None and args.transfer != t.id and args.transfer not in t.former:
+                raise CommandError(
+                    Code.NO_TRANSFER,
+                    f"transfer {args.transfer} does not run (transfer {t.id} of {t.ref} does): nothing was cancelled",
+                )
+            if not t.cancel():
+                raise CommandError(
+                    Code.BUSY,
+                    f"too late to cancel transfer {t.id} of {t.ref}: every file is in and its swap has begun (the "
+                    "rollback command undoes a swap)",
+                )
+        logger.warning("ota: transfer %s of %s: cancel asked by command", t.id, t.ref)
+        if self._http is not None:
+            self._http.cancel()  # cuts a read blocked on the server (a chunk fetch sees the event by itself)
+        wait_s = self.cfg.http_timeout_s + CANCEL_STOP_S
+        thread.join(wait_s)
+        if thread.is_alive():
+            raise CommandError(
+                Code.FAILED, f"transfer {t.id} of {t.ref} did not stop within {wait_s:.0f} s of the cancel"
+            )
+        return {"state": OtaState.CANCELLED, "transfer": t.id, "model": t.ref.doc(), "total": t.total}
 
     def unfinished(self, args: OfferArgs) -> bool:
         """Whether this offer's package has a transfer here that stopped short and is not running (stalled,
@@ -257,8 +304,14 @@ class OtaReceiver:
                     entry = m.files[name]
                     fetch = self._fetch_url if t.urls else self.chunks.fetch
                     fetch(t, name, entry.size, entry.sha256)
-                    if self._stop.is_set():
-                        return
+                    if self._stop.is_set() or t.cancelled.is_set():
+                        break
+            if not t.begin_swap():  # cancelled: from here on a cancel is too late
+                self._drop_cancelled(t)
+                return
+            if pkg is None:
+                if self._stop.is_set():
+                    return  # a start resumes
                 self.status(t.id, OtaState.VERIFYING, model=t.ref, done=t.total, total=t.total)
                 fsync_dir(t.stage)  # every file hashed and renamed to its name
                 pkg = self.store.adopt(t.offer, t.stage, detect())
@@ -274,6 +327,9 @@ class OtaReceiver:
             self.completed += 1
             shutil.rmtree(t.folder, ignore_errors=True)
         except EdgedError as exc:
+            if t.cancelled.is_set() and not swapping:  # failed as the cancel came (its deadline, say): cancelled
+                self._drop_cancelled(t)
+                return
             logger.error("ota: transfer %s of %s refused: %s", t.id, t.ref, exc)
             # what arrived is kept: the same package offered again resumes
             stalled = exc.code in (Code.STALLED, Code.DOWNLOAD_FAILED)
@@ -286,6 +342,15 @@ class OtaReceiver:
             logger.exception("ota: transfer %s failed", t.id)
             failure = EdgedError(f"{type(exc).__name__}: {exc}", code=Code.FAILED)
             self.status(t.id, OtaState.FAILED, model=t.ref, error=failure)
+
+    def _drop_cancelled(self, t: Transfer) -> None:
+        """The cancel command stopped `t`: its files are dropped (nothing resumes it) and ``cancelled`` said."""
+        had = t.have
+        shutil.rmtree(t.folder, ignore_errors=True)
+        logger.warning(
+            "ota: transfer %s of %s cancelled at %d of %d bytes; its files dropped", t.id, t.ref, had, t.total
+        )
+        self.status(t.id, OtaState.CANCELLED, model=t.ref, done=had, total=t.total)
 
     def _downloading(self, t: Transfer) -> None:
         self.status(t.id, OtaState.DOWNLOADING, model=t.ref, done=t.have, total=t.total)
@@ -336,9 +401,9 @@ class OtaReceiver:
             self.status(t.id, OtaState.DOWNLOADING, model=t.ref, done=others + part.done, total=t.total, detail=detail)
 
         try:
-            self._http.fetch(lambda: t.urls[name], part, on_bytes, on_retry)  # a join may bring new URLs
+            self._http.fetch(lambda: t.urls[name], part, on_bytes, on_retry, t.cancelled)  # a join may bring new URLs
             if part.done < size:
-                return  # stopping: what arrived is kept for a resume
+                return  # stopping (what arrived is kept for a resume) or cancelled (dropped by `_run`)
             t.finish(part, sha256)
         finally:
             if part.path.exists() and part.done > part.synced:

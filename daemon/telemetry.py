@@ -6,7 +6,8 @@ at a clean stop; rates (fps) are over the time since the previous document. `sta
 has stopped (`edged run` prints it).
 
     {"schema": "edged.telemetry/1", "device", "boot_id", "ts", "uptime_s",
-     "cameras": {<name>: {state, fps, frames, drops, reconnects, stalls, errors, capture_to_result_ms}},
+     "cameras": {<name>: {state, fps, frames, drops, reconnects, stalls, errors, capture_to_result_ms,
+                          [events, events_dropped, snapshots_dropped: cameras that publish object events]}},
      "inference": {backend, model, swaps, batch, fps, batches, rows, padded_rows, errors, infer_ms, ...},
      "mqtt": {...}, "memory": {rss_mb, peak_rss_mb, model_mb, budget_mb, ...}, "governor": {...},
      "sensors": {...}, "ota": {...} | null}
@@ -22,6 +23,7 @@ from edged.protocol.schemas import TELEMETRY_SCHEMA
 
 from .capture import Camera
 from .config import Config
+from .events import Scenes
 from .governor import Governor
 from .inference import InferenceLoop, Result, Window
 from .ota import OtaReceiver
@@ -42,6 +44,7 @@ class RunSummary:
     left_in_spool: int = 0  # messages in the spool file after stop, sent at the next start
     lost: int = 0  # messages dropped: spool bounds, queue full, oversized, not writable, a corrupt spool
     failure: str = ""  # set when a thread died and the daemon stopped for systemd to restart it
+    events_dropped: int = 0  # object events over a camera's max_events_per_s, never made into messages
 
 
 class Configured(Protocol):
@@ -50,13 +53,19 @@ class Configured(Protocol):
     cfg: Config
 
 
+class Host(Configured, Protocol):
+    """The daemon as telemetry reads it: the config in force and the cameras' scenes (object event counts)."""
+
+    scenes: Scenes
+
+
 class Telemetry:
     """Assembles the telemetry document and the status line from the running parts; keeps the per-camera
     capture-to-result latency windows (`record`, for every result) and the rates' previous sample."""
 
     def __init__(
         self,
-        host: Configured,
+        host: Host,
         boot_id: str,
         started: float,
         backend_name: str,
@@ -121,6 +130,7 @@ class Telemetry:
                 cams[c.name]["skipped"] = self.loop.gates[c.name].skipped
             if s.last_error:
                 cams[c.name]["last_error"] = s.last_error
+            cams[c.name].update(self.host.scenes.counts(c.name) or {})
         self._last = (now, st.rows, {c.name: c.stats.frames for c in self.cameras})
         self.fps = (st.rows - rows0) / dt_s
         gov: dict[str, Any] = self.governor.telemetry() if self.governor else {"level": "off"}
@@ -177,6 +187,7 @@ class Telemetry:
             left_in_spool=p.left_in_spool,
             lost=p.spool.dropped + p.spool.dropped_unsaved + p.spool.lost + p.dropped_queue_full + p.oversized,
             failure=failure,
+            events_dropped=self.host.scenes.dropped,
         )
 
     def _model_bytes(self) -> int:

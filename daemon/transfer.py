@@ -13,6 +13,7 @@ manifest's is discarded and its progress forgotten.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 from edged.errors import PackageError
@@ -38,6 +39,11 @@ class Transfer:
         self.offer = offer
         self.ref = ModelRef(offer.manifest.name, offer.manifest.version)
         self.urls = urls or {}  # file name -> its URLs: downloaded over HTTP(S), not asked for in chunks
+        # The cancel command against the transfer thread: set under `lock` unless the swap has begun
+        # (`swapping`, set under `lock` by the thread once no cancel came), which a cancel can no longer stop.
+        self.cancelled = threading.Event()
+        self.swapping = False
+        self.lock = threading.Lock()
         self.progress: dict[str, int] = {}
         p = folder / "progress.json"
         if p.exists():
@@ -53,6 +59,22 @@ class Transfer:
     @property
     def have(self) -> int:
         return sum(min(self.progress.get(n, 0), e.size) for n, e in self.offer.manifest.files.items())
+
+    def cancel(self) -> bool:
+        """Ask the transfer to stop (the cancel command); False when too late: its swap has begun."""
+        with self.lock:
+            if self.swapping:
+                return False
+            self.cancelled.set()
+            return True
+
+    def begin_swap(self) -> bool:
+        """The transfer thread, before the store adopts the package: False when cancelled (then stop)."""
+        with self.lock:
+            if self.cancelled.is_set():
+                return False
+            self.swapping = True
+            return True
 
     def save(self) -> None:
         write_atomic(self.folder / "progress.json", json.dumps(self.progress).encode())

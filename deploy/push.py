@@ -21,6 +21,9 @@ devices get the offer when (``--canary N``, ``--waves``), when the rest is aband
 what devices that were offline get (the group's retained offer) and how a stopped push resumes: a push
 is a rollout, deploy/rollout.py (its pusher, `RolloutPusher` in deploy/rollout_pusher.py, extends this one).
 
+``edged push --cancel --device ID`` (`edged.deploy.cancel`) stops the transfer a device runs (chunks or
+HTTP(S)), which drops its files and publishes ``cancelled``; a push following it ends with that outcome.
+
 With ``--mirror`` (`edged.deploy.mirror`) the offer names where the files are on a web server and the
 devices download them from there over HTTP(S); the pusher then serves no bytes itself.
 
@@ -57,7 +60,7 @@ MAX_CHUNK = 4 << 20  # the most a device may ask for at once
 RECONNECT_MAX_S = 5.0  # the pusher's reconnect waits: full jitter up to this
 TAKE_BACK_S = 10.0  # a followed transfer silent this long while downloading: offer again and serve it
 DONE_OK = {OtaState.PROBATION: "swap", "committed": "commit", OtaState.UNCHANGED: "swap"}
-DONE_BAD = ("rejected", "failed", "rolled_back", "timed_out", "skipped", "offline")
+DONE_BAD = ("rejected", "failed", "rolled_back", "timed_out", "skipped", "offline", "cancelled")
 
 Wait = Literal["swap", "commit"]
 
@@ -383,6 +386,8 @@ class Pusher:
             if state in (OtaState.REJECTED, OtaState.FAILED):
                 err = doc.get("error") or {}
                 d.finish(state, f"{err.get('code', '?')}: {err.get('message', '')}")
+            elif state == OtaState.CANCELLED:
+                d.finish(state, "cancelled on the device (edged push --cancel)")
             elif state == OtaState.UNCHANGED:
                 d.finish(state, "already current")
             elif d.ended is None and d.state not in ("committed", "rolled_back"):

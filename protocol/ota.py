@@ -1,6 +1,7 @@
 """Over-the-air transfer framing and states (DESIGN §6): what the pusher and the device exchange.
 
     pusher ── cmd/ota {transfer, manifest, sig[, urls]} ──> device the offer (`OfferArgs`, base64 fields)
+    pusher ── cmd/cancel {[transfer]} ──> device                    stop the running transfer (`CancelArgs`)
     device ── ota/req {transfer, file, offset, length} ──> pusher  a chunk request (`ChunkRequest`)
     pusher ── ota/data [2-byte header length][header JSON][bytes] ──> device   a chunk (`pack_chunk`)
     device ── ota/status {schema, transfer, state, ts, …} ──> pusher            progress (`status_doc`)
@@ -62,6 +63,7 @@ class OtaState(str, Enum):
     REJECTED = "rejected"  # a check refused it (`error`)
     FAILED = "failed"  # the transfer could not complete (`error`; what arrived is kept for a resume)
     JOINED = "joined"  # the same package was offered again: the transfer carries on under the id in `by`
+    CANCELLED = "cancelled"  # stopped by the cancel command (`edged push --cancel`): its files dropped
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,23 @@ def offer_payload(args: OfferArgs) -> bytes:
     if args.urls is not None:
         doc["urls"] = args.urls
     return json.dumps(doc).encode()
+
+
+CANCEL_VERB = "cancel"  # the command that stops the running transfer (``…/cmd/cancel``)
+
+
+class CancelArgs(BaseModel):
+    """The ``cmd/cancel`` arguments: stop the transfer that runs (over MQTT or HTTP(S)), drop its files and
+    publish ``cancelled``; `transfer`, when given, must name it (its id, or one it ran under before a join),
+    so a stale cancel never stops a newer push."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    transfer: str | None = Field(None, pattern=TRANSFER_ID)
+
+
+def cancel_payload(transfer: str | None = None) -> bytes:
+    """The ``cmd/cancel`` payload."""
+    return json.dumps({} if transfer is None else {"transfer": transfer}).encode()
 
 
 class GroupOffer(BaseModel):

@@ -5,6 +5,7 @@ client and parsed with prometheus_client's own parsers (Prometheus text and Open
 from __future__ import annotations
 
 import json
+import re
 import socket
 import statistics
 import time
@@ -20,6 +21,7 @@ from edged.models.demo import DemoAssets
 
 from .conftest import base_config, free_port, wait_until, write_config
 from .test_capture import mjpeg_server
+from .test_systemd import NotifySocket
 
 
 def get(port: int, path: str, accept: str = "") -> tuple[int, str, bytes]:
@@ -130,3 +132,54 @@ def test_a_taken_port_leaves_the_daemon_serving(broker, start_daemon, demo: Demo
         assert d.proc.wait(60) == 0, d.output()[-3000:]
     out = d.output()
     assert f"health: cannot listen on 127.0.0.1:{port}" in out and "serving without the endpoint" in out
+
+
+def test_a_daemon_whose_cameras_deliver_nothing_fails_healthz_and_the_watchdog(
+    broker, start_daemon, demo: DemoAssets, tmp_path: Path
+) -> None:
+    """Issue 26 item 3: every camera gone for inference.serving_timeout_s is not serving: /healthz 503 and
+    /readyz say so (and which camera), the watchdog pings stop and WATCHDOG=trigger asks systemd to act;
+    the camera back, both recover. Before, /healthz said ok and the pings went on."""
+    cam_port, port = free_port(), free_port()
+    server = mjpeg_server(cam_port, "--fps", "15")
+    cams = [{"name": "door", "uri": f"http://127.0.0.1:{cam_port}/", "stall_timeout_s": 1.0, "reconnect_max_s": 1.0}]
+    inference = {"max_wait_ms": 20, "serving_timeout_s": 10}
+    cfg = base_config(broker, demo, tmp_path, cams, health={"enabled": True, "port": port}, inference=inference)
+    notify = NotifySocket(tmp_path / "notify.sock")
+    env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "2000000"}
+    d = start_daemon(write_config(tmp_path / "edged.yaml", cfg), env=env)
+
+    def healthz() -> tuple[int, dict[str, Any]]:
+        status, _, body = get(port, "/healthz")
+        return status, (json.loads(body) if body else {})
+
+    def pings(after: float) -> int:
+        return sum(1 for t, line in notify.lines("WATCHDOG") if line == "WATCHDOG=1" and t > after)
+
+    def triggers() -> list[float]:
+        return [t for t, line in notify.lines("WATCHDOG") if line == "WATCHDOG=trigger"]
+
+    try:
+        wait_until(lambda: ready(port)[0] == 200, 60, "/readyz 200")
+        wait_until(lambda: pings(0) >= 2, 10, "watchdog pings while serving")
+        server.terminate()
+        server.wait(10)
+        gone = time.monotonic()
+        wait_until(lambda: healthz()[0] == 503, 10 + 20, "/healthz 503 with no frame for serving_timeout_s")
+        assert time.monotonic() - gone >= 10 - 1, "not before the bound"
+        why = healthz()[1]["reasons"][0]
+        assert re.match(r"serving: no camera has delivered a frame for \d+ s", why) and "door down" in why, why
+        reasons = ready(port)[1]["reasons"]
+        assert why.split(" for ")[0] in " ".join(reasons) and any(r.startswith("camera door is down") for r in reasons)
+        wait_until(lambda: bool(triggers()), 10, "WATCHDOG=trigger")
+        stopped = triggers()[0]
+        assert pings(stopped) == 0
+        server = mjpeg_server(cam_port, "--fps", "15")  # back: serving, healthy, pinging again
+        wait_until(lambda: healthz()[0] == 200, 30, "/healthz 200 with the camera back")
+        wait_until(lambda: pings(stopped) >= 2, 10, "watchdog pings again")
+    finally:
+        server.terminate()
+        server.wait(10)
+        notify.close()
+    assert d.stop() == 0, d.output()[-3000:]
+    assert "watchdog: not petting systemd's watchdog: serving: no camera has delivered a frame" in d.output()

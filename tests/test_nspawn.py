@@ -95,3 +95,34 @@ def test_bundle_under_a_real_systemd(demo: DemoAssets, tmp_path: Path) -> None:
     ):
         assert any(check in line for line in passed), f"no PASS: {check}"
     assert any("the broker refuses the revoked device" in line for line in passed), "no PASS: a revoked device"
+
+
+@pytest.mark.slow  # its own boot (~2 min); the short form in the default set: tests/test_health.py
+def test_a_daemon_serving_nothing_is_restarted_under_a_real_systemd(demo: DemoAssets, tmp_path: Path) -> None:
+    """Issue 26 item 3 under a real systemd (tests/nspawn/liveness.sh): the only camera (an MJPEG server)
+    stops; with inference.serving_timeout_s: 10 the daemon stops petting the watchdog and systemd restarts
+    it; the camera back, it serves and stays up. Its own boot: about 2 min with the bundle's install."""
+    keys = tmp_path / "keys"
+    key_path, _ = generate_key(keys)
+    model = demo.packages["blazeface-back"].root
+    r = edged_cli("model", "pack", str(model), "--out", str(tmp_path / "m.tar"), "--key", str(key_path))
+    assert r.returncode == 0, r.stderr
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    shutil.copy(build_bundle("host", keys, tmp_path / "m.tar", key_path, tmp_path / "out"), payload / "bundle.tar")
+    shutil.copy(REPO / "tests/mjpeg_server.py", payload / "mjpeg_server.py")
+    shutil.copy(REPO / "tests/nspawn/liveness.sh", payload / "liveness.sh")
+    os.chmod(payload, 0o755)
+    r = subprocess.run(
+        ["bash", str(REPO / "tests/nspawn/harness.sh")],
+        env={**os.environ, "PAYLOAD": str(payload), "TESTS": "liveness.sh", "TEST_TIMEOUT": "400"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    print(r.stdout[-4000:])
+    failed = [line for line in r.stdout.splitlines() if line.startswith("FAIL")]
+    assert r.returncode == 0 and not failed, "\n".join(failed) + "\n" + r.stderr[-3000:]
+    passed = [line for line in r.stdout.splitlines() if line.startswith("PASS")]
+    for check in ("no restart while the camera delivers", "systemd restarted edged", "not petting", "stays up"):
+        assert any(check in line for line in passed), f"no PASS: {check}\n" + r.stdout[-3000:]

@@ -17,6 +17,7 @@ import jsonschema
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from pydantic import ValidationError
 
 from edged.errors import Code, CommandError, ProtocolError
 from edged.models.demo import DemoAssets
@@ -153,6 +154,21 @@ def test_the_ota_offer_round_trips() -> None:
     _validate(doc, OTA_OFFER_SCHEMA)
     back = OfferArgs.model_validate(doc)
     assert back == args and back.decode() == (b'{"schema": "edged.manifest/1"}', b'{"alg": "ed25519"}')
+
+
+def test_the_cancel_arguments_match_their_schema() -> None:
+    from edged.protocol.ota import CancelArgs, cancel_payload
+    from edged.protocol.schemas import OTA_CANCEL_SCHEMA
+
+    for transfer in (None, "t-1"):
+        doc = json.loads(cancel_payload(transfer))
+        _validate(doc, OTA_CANCEL_SCHEMA)
+        assert CancelArgs.model_validate(doc).transfer == transfer
+    for bad in ({"transfer": "no spaces"}, {"transfer": ""}, {"id": "t-1"}):
+        with pytest.raises(ValidationError):
+            CancelArgs.model_validate(bad)
+        with pytest.raises(jsonschema.ValidationError):
+            _validate(bad, OTA_CANCEL_SCHEMA)
 
 
 def test_an_offer_that_is_not_base64_is_refused_with_its_code() -> None:
