@@ -87,5 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     except EdgedError as exc:
         print(f"edged: error: {exc}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as exc:  # an extra not installed (ONNX Runtime, OpenCV): name it and its fix
+        from edged.daemon.extras import missing_message  # here: `edged push`/`watch` load nothing of the daemon
+
+        fix = missing_message(exc.name or "")
+        if fix is None:
+            raise
+        print(f"edged: error: {fix}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130

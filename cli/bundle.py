@@ -18,7 +18,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "sha256 (signed with --key). On the device: tar xf BUNDLE && sudo edged-bundle/install.sh "
         "(or --root ROOTFS before flashing).",
     )
-    bb.add_argument("--target", choices=("host", "jetson-jp6", "jetson-jp5"), required=True)
+    bb.add_argument("--target", type=_target, choices=("host", "jetson-jp6"), required=True)
     bb.add_argument("--keys", type=Path, required=True, help="folder of *.pub keys devices will trust")
     bb.add_argument("--model", type=Path, action="append", default=[], help="initial model package tar (repeatable)")
     bb.add_argument("--key", type=Path, help="private key to sign the bundle manifest with")
@@ -40,6 +40,16 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     bv.add_argument("bundle", type=Path)
     bv.add_argument("--keys", type=Path, required=True, help="folder of trusted *.pub keys")
     bv.set_defaults(func=_verify)
+
+
+def _target(value: str) -> str:
+    """JetPack 5 is not offered (no choice that is always refused), and asking for it says why."""
+    if value == "jetson-jp5":
+        raise argparse.ArgumentTypeError(
+            "jetson-jp5: JetPack 5 ships Python 3.8 (Ubuntu 20.04) and edged needs Python >= 3.10; use JetPack 6 "
+            "(--target jetson-jp6), or a device Python 3.10 and --target host on the device"
+        )
+    return value
 
 
 def _build(args: argparse.Namespace) -> int:

@@ -13,7 +13,8 @@ DEFAULT_CONFIG = Path("/etc/edged/edged.yaml")
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     doc = sub.add_parser(
         "doctor",
-        help="check this device: Python, numpy, OpenCV/GStreamer, TensorRT, GPU, L4T, sensors, state, broker, model",
+        help="check this device: Python, numpy, OpenCV, GStreamer and each camera's capture path, TensorRT, GPU, "
+        "L4T, sensors, journald, state, broker, model",
         description="One line per check, with the fix: ok, FAIL (required: edged cannot serve this config here), "
         "warn (advisory) or n/a (not present on this machine, and what that means). Exit 0 when no required "
         "check fails, 1 when one does. install.sh and edged-firstboot.service run it and leave the daemon "

@@ -116,22 +116,14 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _install(args: argparse.Namespace) -> int:
-    from edged.cli.model_init import check_model
-    from edged.models.compat import detect
-    from edged.models.package import open_package
-    from edged.models.storefiles import read_head
-
     cfg, store = _open_store(args.config)
     trust = _trust(cfg)
-    manifest_bytes, sig_bytes = read_head(args.package)
-    store.check_offer(manifest_bytes, sig_bytes, trust, str(args.package), detect())  # signed before it runs
-    with tempfile.TemporaryDirectory() as tmp:
-        check_model(open_package(args.package, scratch=Path(tmp)))  # as verify: its batches on values too
     done = store.install(args.package, trust, progress=lambda m: print(f"install: {m}"))
     if done.status == "unchanged":
         print(f"model {done.name}@{done.version}: already installed; nothing to do")
     else:
-        print(f"model {done.name}@{done.version}: installed, current (on probation); previous {done.previous}")
+        previous = f"previous {done.previous}" if done.previous is not None else "no previous version"
+        print(f"model {done.name}@{done.version}: installed, current (on probation); {previous}")
     return 0
 
 
@@ -146,7 +138,8 @@ def _rollback(args: argparse.Namespace) -> int:
     if args.if_probation and (cur is None or store.state(name).pending != cur):
         # exit 1: edged-rollback.service then skips its restart, and a daemon that crash-loops on
         # a model that already passed probation stays stopped for someone to look at
-        print(f"model {name}: current version {cur} is not on probation; nothing rolled back", file=sys.stderr)
+        what = f"current version {cur} is not on probation" if cur is not None else "no current version"
+        print(f"model {name}: {what}; nothing rolled back", file=sys.stderr)
         return 1
     if args.if_probation and not store.probation_blames(name):
         # the failed starts never got as far as the model (a bad config, a locked or unwritable state dir)

@@ -36,7 +36,7 @@ from .camera_config import StrictModel as _Strict
 from .camera_config import TrackingConfig as TrackingConfig
 from .camera_config import ZoneConfig as ZoneConfig
 from .config_file import ENV_PREFIX as ENV_PREFIX
-from .config_file import apply_env, describe_error, path_fixer, read_yaml
+from .config_file import apply_env, describe_errors, path_fixer, read_yaml
 from .consumer_config import HealthConfig as HealthConfig
 from .consumer_config import HomeAssistantConfig as HomeAssistantConfig
 from .mqtt_config import TOPIC_NAME, resolve_mqtt
@@ -115,11 +115,11 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None 
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, not {type(raw).__name__}")
-    apply_env(raw, environ, path)
+    overrides = apply_env(raw, environ, path)
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: " + "; ".join(describe_error(e) for e in exc.errors())) from exc
+        raise ConfigError(describe_errors(exc.errors(), path, overrides)) from exc
     return _resolve_paths(cfg, path, environ)
 
 
@@ -151,3 +151,31 @@ def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Confi
             "ota": ota,
         }
     )
+
+
+def missing_files(cfg: Config, model: bool = True) -> list[str]:
+    """The files `cfg` names that are not there, or not readable by this user, as ``key: path: why`` (what
+    the daemon would fail on at its start or its first connect): the broker's TLS and password files, each
+    camera's password and CA file, the OTA CA file and, with `model`, ``model.package``. `edged check-config`
+    asks; loading a config never does (the files may come later, as systemd's credentials do)."""
+    files: list[tuple[str, Path | None]] = []
+    if cfg.mqtt.tls is not None:
+        tls = cfg.mqtt.tls
+        files += [("mqtt.tls.ca_file", tls.ca_file), ("mqtt.tls.cert_file", tls.cert_file)]
+        files += [("mqtt.tls.key_file", tls.key_file)]
+    files.append(("mqtt.password_file", cfg.mqtt.password_file))
+    for i, cam in enumerate(cfg.cameras):
+        files += [(f"cameras[{i}].password_file", cam.password_file), (f"cameras[{i}].tls_ca_file", cam.tls_ca_file)]
+    files.append(("ota.http_ca_file", cfg.ota.http_ca_file))
+    out = []
+    for key, path in files:
+        if path is None:
+            continue
+        if not path.is_file():
+            out.append(f"{key}: {path}: " + ("not a file" if path.exists() else "no such file"))
+        elif not os.access(path, os.R_OK):
+            out.append(f"{key}: {path}: not readable by uid {os.geteuid()}")
+    package = cfg.model.package
+    if model and package is not None and not package.exists():
+        out.append(f"model.package: {package}: no such file or folder")
+    return out

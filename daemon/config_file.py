@@ -22,6 +22,9 @@ _VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 PathFixer = Callable[[Path | None], Path | None]
 """A path of the config, as written -> the path it names (None stays None)."""
 
+Overrides = dict[tuple[str | int, ...], str]
+"""The key paths ``EDGED_*`` variables set (``("cameras", 0, "uri")``) -> the variable that set each."""
+
 
 class _DuplicateKey(yaml.YAMLError):
     def __init__(self, key: object, line: int, first_line: int) -> None:
@@ -94,13 +97,37 @@ def describe_error(err: Mapping[str, Any]) -> str:
     return f"{where or '(top level)'}: {msg}"
 
 
-def apply_env(raw: dict[str, Any], environ: Mapping[str, str], path: Path) -> None:
+def describe_errors(errors: list[Any], path: Path, overrides: Overrides, section: tuple[str, ...] = ()) -> str:
+    """pydantic's errors, each blamed on where its value came from: the file (``edged.yaml: mqtt.port: ...``)
+    or the ``EDGED_*`` variable that set the key or a section above it (``environment variable
+    EDGED_MQTT__PORT: mqtt.port: ...``). `section`: the key path the validated document sits at."""
+    from_file: list[str] = []
+    from_env: list[str] = []
+    for err in errors:
+        loc = (*section, *err["loc"])
+        text = describe_error({**err, "loc": loc})
+        var = next((v for k, v in sorted(overrides.items(), key=lambda kv: -len(kv[0])) if loc[: len(k)] == k), None)
+        if var is None:
+            from_file.append(text)
+        else:
+            from_env.append(f"environment variable {var}: {text}")
+    return "; ".join(([f"{path}: " + "; ".join(from_file)] if from_file else []) + from_env)
+
+
+def apply_env(
+    raw: dict[str, Any], environ: Mapping[str, str], path: Path, sections: set[str] | None = None
+) -> Overrides:
     """Write each ``EDGED_<SECTION>__<KEY>`` variable of `environ` into `raw` (the parsed file), its value
-    parsed as a YAML scalar; list items by index. EDGED_CACHE and EDGED_DEMO_DIR are not config keys."""
+    parsed as a YAML scalar; list items by index. EDGED_CACHE and EDGED_DEMO_DIR are not config keys.
+    `sections`: only the variables of these top-level keys (a reader of the ``mqtt`` section alone). Returns
+    the key paths set, for errors that name the variable."""
+    overrides: Overrides = {}
     for name in sorted(environ):
         if not name.startswith(ENV_PREFIX) or name in {"EDGED_CACHE", "EDGED_DEMO_DIR"}:
             continue
         keys = [k.lower() for k in name[len(ENV_PREFIX) :].split("__")]
+        if sections is not None and keys[0] not in sections:
+            continue
         if not all(keys):
             raise ConfigError(f"{path}: environment variable {name}: empty key level")
         if not environ[name].strip():
@@ -113,22 +140,27 @@ def apply_env(raw: dict[str, Any], environ: Mapping[str, str], path: Path) -> No
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: environment variable {name}: not a YAML value: {yaml_problem(exc)}") from exc
         node: Any = raw
+        where: list[str | int] = []
         for i, key in enumerate(keys):
             last = i == len(keys) - 1
             if isinstance(node, list):
                 if not key.isdigit() or int(key) >= len(node):
                     raise ConfigError(f"{path}: environment variable {name}: no list item {key}")
+                where.append(int(key))
                 if last:
                     node[int(key)] = value
                 else:
                     node = node[int(key)]
             elif isinstance(node, dict):
+                where.append(key)
                 if last:
                     node[key] = value
                 else:
                     node = node.setdefault(key, {})
             else:
                 raise ConfigError(f"{path}: environment variable {name}: {key!r} is not a section")
+        overrides[tuple(where)] = name
+    return overrides
 
 
 def path_fixer(path: Path, environ: Mapping[str, str]) -> PathFixer:

@@ -7,13 +7,19 @@ daemon when a required check fails.
 
     python      >= 3.10 (JetPack 6 is Python 3.10; JetPack 5's 3.8 cannot run edged)
     numpy       imports; where from; 1.x on Jetson (JetPack's OpenCV and TensorRT 10.3 need numpy 1.x)
-    opencv      imports, where from, GStreamer support; required
-    gstreamer   NVIDIA elements (nvarguscamerasrc, nvv4l2decoder, nvvidconv) through gst-inspect-1.0
+    opencv      imports and where from; required (gst-cv2: whether it is built with GStreamer, which only
+                `backend: opencv` csi:// and gst:// cameras use)
+    gstreamer   GStreamer through PyGObject (python3-gi), the capture path of file/rtsp/v4l2/csi/gst
+                cameras; required when a configured camera cannot be opened without it
+    gst-nv      NVIDIA elements (nvarguscamerasrc, nvv4l2decoder, nvvidconv) in the registry capture uses
+    capture     each configured camera: the path the daemon opens it on (edged.daemon.gst decides, as
+                the daemon does) and why it cannot be opened on this machine
     tensorrt    imports and its version; required when the model is an engine or is built on the device
     pycuda      imports; required with TensorRT
     gpu         CUDA device, compute capability and free memory (through pycuda), DLA cores (TensorRT)
     l4t         /etc/nv_tegra_release: R36 is JetPack 6; R35 (JetPack 5) is refused
     sensors     thermal zones, power rails, GPU load, power mode (edged.daemon.sensors)
+    journald    under systemd: python3-systemd, which gives the journal each line's priority and fields
     state_dir   writable by this user, free space
     broker      a real MQTT connect with the config's host, port, TLS identity and credentials
     model       the configured package opens and, for an engine, was built for this device
@@ -39,11 +45,17 @@ from typing import Any, Literal
 from edged.errors import EdgedError
 from edged.models import compat
 
-from .config import Config
+from .config import CameraConfig, Config
 from .sensors import Sensors
 
 Status = Literal["ok", "fail", "warn", "n/a"]
 NV_ELEMENTS = ("nvarguscamerasrc", "nvv4l2decoder", "nvvidconv")
+GST_FIX = (
+    "apt-get install python3-gi gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0 gstreamer1.0-plugins-good "
+    "gstreamer1.0-plugins-bad, in a venv that sees them (python3 -m venv --system-site-packages, as firstboot.sh "
+    "makes it)"
+)
+NV_FIX = "JetPack's GStreamer plugins: apt-get install nvidia-l4t-gstreamer"
 GPU_NODES = ("dev/nvidia0", "dev/nvhost-gpu", "dev/nvgpu/igpu0/ctrl")
 MIN_FREE_MB = 64
 LOW_FREE_MB = 512
@@ -71,7 +83,6 @@ class Needs:
     """What the configured model and cameras need from this device (without a config: the ONNX path)."""
 
     tensorrt: bool = False
-    gstreamer: bool = False
     csi: bool = False
     jetson: bool = False
 
@@ -87,19 +98,21 @@ def needs_of(cfg: Config | None, root: Path) -> Needs:
         package = cfg.state_dir / "models" / cfg.model.name / "current"
     if package is not None and (package / "model.engine").exists():
         n.tensorrt = True
-    schemes = {c.uri.split("://", 1)[0] for c in cfg.cameras}
-    n.csi = "csi" in schemes
-    n.gstreamer = n.csi or "gst" in schemes
+    n.csi = any(c.uri.startswith("csi://") for c in cfg.cameras)
     return n
 
 
 def _origin(module_file: str | None) -> str:
     if not module_file:
         return "unknown place"
-    where = "the system" if "dist-packages" in module_file or module_file.startswith("/usr/lib/") else "pip"
-    if sys.prefix != sys.base_prefix and module_file.startswith(sys.prefix):
+    path = Path(module_file).resolve()  # a venv's link to the system's package (python3-gi) is the system's
+    text = str(path)
+    if "dist-packages" in text or text.startswith("/usr/lib/"):
+        where = "the system"
+    elif sys.prefix != sys.base_prefix and path.is_relative_to(Path(sys.prefix).resolve()):
         where = "this venv (pip)"
-    path = Path(module_file)
+    else:
+        where = "pip"
     return f"{where}: {path.parent if path.name == '__init__.py' else path}"
 
 
@@ -125,6 +138,9 @@ def check_numpy(needs: Needs) -> Check:
 
 
 def check_opencv(needs: Needs) -> list[Check]:
+    """OpenCV imports (every camera's frames and snapshots go through it); whether it is built with GStreamer,
+    which only a `backend: opencv` csi:// or gst:// camera uses (and `auto` ones where PyGObject's GStreamer
+    does not load): the capture check says which camera needs it."""
     try:
         import cv2
     except ImportError as exc:
@@ -134,48 +150,146 @@ def check_opencv(needs: Needs) -> list[Check]:
             else "pip install opencv-python-headless, or apt-get install python3-opencv"
         )
         return [Check("opencv", "fail", f"does not import: {exc}", fix, True)]
-    info = cv2.getBuildInformation()
-    m = re.search(r"^\s*GStreamer:\s*(\S+)", info, re.MULTILINE)
-    value = m.group(1) if m else "NO"
-    gst = value.upper() in {"YES", "ON"} or value[:1].isdigit()
     out = [Check("opencv", "ok", f"OpenCV {cv2.__version__} from {_origin(cv2.__file__)}", required=True)]
-    detail = "OpenCV is built with GStreamer" if gst else "OpenCV is built without GStreamer"
-    if gst:
-        out.append(Check("gst-cv2", "ok", detail, required=needs.gstreamer))
-    else:
-        fix = (
-            "use JetPack's OpenCV (not pip's opencv-python*, which has no GStreamer): pip uninstall it in the venv"
-            if needs.jetson
-            else "for GStreamer sources: the distribution's python3-opencv in a --system-site-packages venv"
-        )
-        status: Status = "fail" if needs.gstreamer else "warn"
-        out.append(Check("gst-cv2", status, detail + ": no CSI cameras, no hardware decode", fix, needs.gstreamer))
-    return out
+    if opencv_has_gstreamer():
+        return [*out, Check("gst-cv2", "ok", "OpenCV is built with GStreamer (used by backend: opencv cameras)")]
+    from . import gst
+
+    detail = "OpenCV is built without GStreamer"
+    if gst.available():
+        return [*out, Check("gst-cv2", "n/a", f"{detail}: not used, cameras capture through PyGObject's GStreamer")]
+    why = f"{detail}, and PyGObject's GStreamer does not load either (the gstreamer line: how to install it)"
+    return [*out, Check("gst-cv2", "warn", why)]
+
+
+def opencv_has_gstreamer() -> bool:
+    import cv2
+
+    m = re.search(r"^\s*GStreamer:\s*(\S+)", cv2.getBuildInformation(), re.MULTILINE)
+    value = m.group(1) if m else "NO"
+    return value.upper() in {"YES", "ON"} or value[:1].isdigit()
+
+
+def check_gstreamer(cameras: list[Camera] | None) -> Check:
+    """GStreamer through PyGObject, the daemon's capture path (edged.daemon.gst); required when a configured
+    camera cannot be opened without it."""
+    from . import gst
+
+    required = any(c.needs_gst for c in cameras or [])
+    if gst.available():
+        import gi  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        version = getattr(gi, "__version__", "?")
+        detail = f"{gst.version()} through PyGObject {version} from {_origin(gi.__file__)}"
+        return Check("gstreamer", "ok", detail, required=required)
+    why = gst.why_unavailable()
+    if required:
+        return Check("gstreamer", "fail", f"{why}: cameras need it (capture below)", GST_FIX, True)
+    meaning = "file/rtsp/v4l2 cameras fall back to OpenCV (software decode and scale); no csi:// or gst:// cameras"
+    return Check("gstreamer", "warn", f"{why}: {meaning}", GST_FIX)
+
+
+@dataclass(frozen=True)
+class Camera:
+    """One camera's capture path as the daemon would open it here, and why it cannot be opened."""
+
+    shown: str
+    path: str
+    problem: str = ""
+    fix: str = ""
+    needs_gst: bool = False  # cannot be opened without PyGObject's GStreamer
+
+
+def camera_path(cam: CameraConfig) -> Camera:
+    """The path the daemon opens `cam` on: gst.use_gstreamer decides, as in sources.open_source. Not checked:
+    whether the file, device or server is there now (`edged check-config --probe-cameras` opens it)."""
+    from edged.errors import CaptureError
+
+    from . import gst
+    from .gstpipe import plan
+
+    scheme = cam.uri.split("://", 1)[0]
+    shown = f"{cam.name} ({cam.display})"
+    # no other way in: backend gstreamer, or csi/gst where OpenCV (the fallback) is built without GStreamer
+    only = cam.backend == "gstreamer" or (scheme in {"csi", "gst"} and not opencv_has_gstreamer())
+    try:
+        on_gst = gst.use_gstreamer(cam)
+    except CaptureError as exc:  # backend: gstreamer where it does not load
+        return Camera(shown, "GStreamer", str(exc), GST_FIX, True)
+    if on_gst:
+        if scheme == "csi" and not gst.has_element("nvarguscamerasrc"):
+            why = "csi:// needs nvarguscamerasrc, which this GStreamer lacks"
+            return Camera(shown, "GStreamer", why, NV_FIX, only)
+        try:
+            p = plan(cam.uri, gst.have(), cam.rtsp_latency_ms, cam.rtsp_transport, cam.stall_timeout_s)
+            if scheme == "gst":
+                gst.parse_check(p.description, cam.display)
+        except CaptureError as exc:
+            fix = "fix the camera's uri (gst-launch-1.0 tries a pipeline)"
+            return Camera(shown, "GStreamer", str(exc), fix, only)
+        path = f"{gst.version()} (PyGObject)" + (", scaler nvvidconv" if "nvvidconv" in p.description else "")
+        return Camera(shown, path, needs_gst=only)
+    if scheme in {"csi", "gst"}:
+        if opencv_has_gstreamer():
+            return Camera(shown, "OpenCV's GStreamer")
+        if cam.backend == "opencv":
+            fix = "backend: auto (GStreamer through PyGObject), or an OpenCV built with GStreamer"
+            return Camera(shown, "OpenCV", f"{scheme}:// needs GStreamer; this OpenCV is built without it", fix)
+        why = f"{scheme}:// needs GStreamer: {gst.why_unavailable()}; this OpenCV is built without it either"
+        return Camera(shown, "none", why, GST_FIX, True)
+    if scheme in gst.GST_SCHEMES:
+        return Camera(shown, "OpenCV/FFmpeg (software decode)")
+    if scheme == "synthetic":
+        return Camera(shown, "synthetic frames")
+    return Camera(shown, "edged's MJPEG reader, else OpenCV/FFmpeg")
+
+
+def _guarded_path(cam: CameraConfig) -> Camera:
+    try:
+        return camera_path(cam)
+    except Exception as exc:  # as run_checks' guard: a broken check is reported, not a crash
+        return Camera(f"{cam.name} ({cam.display})", "?", f"the check itself failed: {type(exc).__name__}: {exc}")
+
+
+def check_capture(cameras: list[Camera]) -> Check:
+    bad = [c for c in cameras if c.problem]
+    if not bad:
+        return Check("capture", "ok", "; ".join(f"{c.shown}: {c.path}" for c in cameras), required=True)
+    fixes = list(dict.fromkeys(c.fix for c in bad if c.fix))
+    detail = "; ".join(f"{c.shown}: {c.problem}" for c in bad)
+    return Check("capture", "fail", detail, "; ".join(fixes), True)
 
 
 def check_gst_elements(needs: Needs, inspect: str | None = None) -> Check:
-    exe = inspect or shutil.which("gst-inspect-1.0")
-    if exe is None:
-        return Check(
-            "gst-nv",
-            "n/a",
-            "gst-inspect-1.0 is not installed: cannot list GStreamer elements",
-            "apt-get install gstreamer1.0-tools to check nvarguscamerasrc / nvv4l2decoder / nvvidconv",
-        )
-    found: list[str] = []
-    missing: list[str] = []
-    for el in NV_ELEMENTS:
-        r = subprocess.run([exe, "--exists", el], capture_output=True, timeout=30)
-        (found if r.returncode == 0 else missing).append(el)
+    """The NVIDIA elements in the registry capture uses (PyGObject's GStreamer); gst-inspect-1.0 where that
+    does not load."""
+    from . import gst
+
+    if gst.available() and inspect is None:
+        found = [el for el in NV_ELEMENTS if gst.has_element(el)]
+    else:
+        exe = inspect or shutil.which("gst-inspect-1.0")
+        if exe is None:
+            return Check(
+                "gst-nv",
+                "n/a",
+                "gst-inspect-1.0 is not installed: cannot list GStreamer elements",
+                "apt-get install gstreamer1.0-tools to check nvarguscamerasrc / nvv4l2decoder / nvvidconv",
+            )
+        found = [
+            el
+            for el in NV_ELEMENTS
+            if subprocess.run([exe, "--exists", el], capture_output=True, timeout=30).returncode == 0
+        ]
+    missing = [el for el in NV_ELEMENTS if el not in found]
     if not missing:
         return Check("gst-nv", "ok", f"NVIDIA elements: {', '.join(found)}", required=needs.csi)
     detail = f"missing {', '.join(missing)}" + (f" (have {', '.join(found)})" if found else "")
-    fix = "JetPack's GStreamer plugins: apt-get install nvidia-l4t-gstreamer"
     if needs.csi and "nvarguscamerasrc" in missing:
-        return Check("gst-nv", "fail", detail + ": csi:// cameras cannot open", fix, True)
+        return Check("gst-nv", "fail", detail + ": csi:// cameras cannot open", NV_FIX, True)
     if not needs.jetson:
         return Check("gst-nv", "n/a", f"{detail}: not a Jetson, so no CSI cameras or NVIDIA hardware decode")
-    return Check("gst-nv", "warn", f"{detail}: no CSI cameras or hardware decode", fix)
+    return Check("gst-nv", "warn", f"{detail}: no CSI cameras or hardware decode", NV_FIX)
 
 
 def check_tensorrt(needs: Needs) -> tuple[Check, Any]:
@@ -270,6 +384,25 @@ def check_sensors(root: Path) -> Check:
     if s.missing:
         return Check("sensors", "warn", f"{detail}; missing: {', '.join(s.missing)}", "the governor skips these")
     return Check("sensors", "ok", detail)
+
+
+def check_journald(root: Path) -> Check:
+    """python3-systemd's JournalHandler (edged.daemon.systemd uses it under systemd): without it the journal
+    has the daemon's lines from stderr, each at the unit's priority and without edged's fields."""
+    if not (root / "run" / "systemd" / "system").is_dir():
+        return Check("journald", "n/a", "systemd is not running here: logs are plain lines on stderr")
+    fields = "priority and fields (journalctl -p err, journalctl -u edged CAMERA=<camera>)"
+    try:
+        from systemd import journal  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError as exc:
+        detail = (
+            f"python3-systemd not importable ({exc}): the journal gets plain stderr lines, so "
+            f"journalctl -p err shows no edged error and CAMERA=<camera> finds nothing"
+        )
+        return Check("journald", "warn", detail, "apt-get install python3-systemd (the venv sees the system's)")
+    where = _origin(getattr(journal, "__file__", None))
+    detail = f"python3-systemd from {where}: logs to journald with {fields}; CAMERA, EDGED_MODEL, ERROR_CODE"
+    return Check("journald", "ok", detail)
 
 
 def check_state_dir(state_dir: Path) -> Check:
@@ -372,7 +505,11 @@ def run_checks(cfg: Config | None, root: Path = Path("/"), broker_timeout_s: flo
     guard("python", check_python)
     guard("numpy", lambda: check_numpy(needs))
     guard("opencv", lambda: check_opencv(needs))
+    cameras = None if cfg is None else [_guarded_path(c) for c in cfg.cameras]
+    guard("gstreamer", lambda: check_gstreamer(cameras))
     guard("gst-nv", lambda: check_gst_elements(needs))
+    if cameras is not None:
+        guard("capture", lambda: check_capture(cameras))
     trt_box: list[Any] = [None]
 
     def trt_check() -> Check:
@@ -383,6 +520,7 @@ def run_checks(cfg: Config | None, root: Path = Path("/"), broker_timeout_s: flo
     guard("gpu", lambda: check_gpu(needs, root, trt_box[0]))
     guard("l4t", lambda: check_l4t(root))
     guard("sensors", lambda: check_sensors(root))
+    guard("journald", lambda: check_journald(root))
     if cfg is None:
         out.append(Check("config", "n/a", "no config given: state_dir, broker and model not checked", "-c CONFIG"))
         return out

@@ -17,7 +17,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from edged.errors import ConfigError
 
 from .camera_config import StrictModel as _Strict
-from .config_file import PathFixer, describe_error, parse_yaml, path_fixer, read_yaml
+from .config_file import PathFixer, apply_env, describe_error, describe_errors, path_fixer, read_yaml
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 """A name that becomes one topic level: the device id, a fleet group."""
@@ -93,19 +93,26 @@ class SpoolConfig(_Strict):
 
 def load_mqtt_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> MqttConfig:
     """Only the `mqtt` section of a config file (what `edged push` needs; a device config will do, and so
-    does a file holding nothing but an `mqtt:` section). Paths resolve as in load_config."""
-    path = Path(path)
+    does a file holding nothing but an `mqtt:` section), with its ``EDGED_MQTT__*`` overrides, so it names
+    the broker the daemon would use. Paths resolve as in load_config."""
+    return _read_mqtt(Path(path), os.environ if environ is None else environ)[0]
+
+
+def _read_mqtt(path: Path, environ: Mapping[str, str]) -> tuple[MqttConfig, dict[str, Any]]:
+    """The `mqtt` section and the file's top level, both with the ``EDGED_MQTT__*`` and ``EDGED_DEVICE_ID``
+    overrides (another section's variables are not this reader's business)."""
     raw = read_yaml(path) or {}
-    section = raw.get("mqtt", {}) if isinstance(raw, dict) else None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, not {type(raw).__name__}")
+    overrides = apply_env(raw, environ, path, sections={"mqtt", "device_id"})
+    section = raw.get("mqtt", {})
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: mqtt: must be a mapping")
     try:
         mqtt = MqttConfig.model_validate(section)
     except ValidationError as exc:
-        raise ConfigError(
-            f"{path}: " + "; ".join(describe_error({**e, "loc": ("mqtt", *e["loc"])}) for e in exc.errors())
-        ) from exc
-    return resolve_mqtt(mqtt, path_fixer(path, os.environ if environ is None else environ))
+        raise ConfigError(describe_errors(exc.errors(), path, overrides, section=("mqtt",))) from exc
+    return resolve_mqtt(mqtt, path_fixer(path, environ)), raw
 
 
 def watch_settings(
@@ -120,20 +127,54 @@ def watch_settings(
     key: Path | None = None,
     username: str | None = None,
     password_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> tuple[MqttConfig, str]:
     """What a subscriber (`edged watch`) needs and nothing more: the broker settings of `path` (any file
-    with an `mqtt:` section, or none) with the given flags over them, and the device id (`device`, else
-    the file's `device_id`). Flag paths are taken as given (relative to the working directory)."""
-    mqtt = load_mqtt_config(path) if path is not None else MqttConfig()
-    if device is None and path is not None:
-        raw = parse_yaml(path.read_text(encoding="utf-8"), path)
-        found = raw.get("device_id") if isinstance(raw, dict) else None
-        device = found if isinstance(found, str) else None
+    with an `mqtt:` section, or none) with its ``EDGED_MQTT__*`` overrides, as the daemon reads them, and the
+    given flags over those; the device id (`device`, else the file's `device_id` or ``EDGED_DEVICE_ID``).
+    Flag paths are taken as given (relative to the working directory)."""
+    mqtt = MqttConfig()
+    if path is not None:
+        mqtt, raw = _read_mqtt(path, os.environ if environ is None else environ)
+        found = raw.get("device_id")
+        device = device if device is not None else (found if isinstance(found, str) else None)
     where = f"{path}: " if path is not None else ""
     if device is None:
         raise ConfigError(f"{where}no device to watch: give --device ID (or a config with a device_id)")
     if not TOPIC_NAME.match(device):
         raise ConfigError(f"device {device!r}: must be 1-64 of letters, digits, '_', '.', '-' (it is a topic level)")
+    given = with_flags(
+        mqtt,
+        path,
+        host=host,
+        port=port,
+        prefix=prefix,
+        cafile=cafile,
+        cert=cert,
+        key=key,
+        username=username,
+        password_file=password_file,
+    )
+    return given, device
+
+
+def with_flags(
+    mqtt: MqttConfig,
+    path: Path | None,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    prefix: str | None = None,
+    cafile: Path | None = None,
+    cert: Path | None = None,
+    key: Path | None = None,
+    username: str | None = None,
+    password_file: Path | None = None,
+) -> MqttConfig:
+    """An operator tool's broker settings (`edged watch`, `edged push`): its flags over `mqtt` (read from
+    `path`, or the defaults). Flag paths are taken as given; --cert/--key need --cafile; without a file or
+    --port, --cafile means port 8883."""
+    where = f"{path}: " if path is not None else ""
     doc: dict[str, Any] = mqtt.model_dump()
     doc.update({k: v for k, v in (("host", host), ("port", port), ("topic_prefix", prefix)) if v is not None})
     if username is not None:
@@ -149,7 +190,7 @@ def watch_settings(
         if port is None and path is None:
             doc["port"] = 8883  # MQTT over TLS
     try:
-        return MqttConfig.model_validate(doc), device
+        return MqttConfig.model_validate(doc)
     except ValidationError as exc:
         raise ConfigError(
             where + "; ".join(describe_error({**e, "loc": ("mqtt", *e["loc"])}) for e in exc.errors())

@@ -66,8 +66,10 @@ from edged.models.signing import SigningKey
 
 Target = Literal["host", "jetson-jp6", "jetson-jp5"]
 REPO = Path(__file__).resolve().parent.parent
-# What the device installs; opencv comes from JetPack on Jetson (GStreamer for CSI cameras).
-JETSON_SKIP = {"opencv-python-headless"}
+# The extras (pyproject.toml) the device installs besides edged's dependencies: ONNX Runtime from PyPI on both,
+# OpenCV from PyPI on a host only; on a Jetson it comes from JetPack (GStreamer for CSI cameras).
+TARGET_EXTRAS: dict[str, tuple[str, ...]] = {"host": ("onnxruntime", "opencv"), "jetson-jp6": ("onnxruntime",)}
+JETSON_SKIP = {"opencv-python-headless"}  # never on a Jetson, whichever extra would name it
 JETSON_MANYLINUX = ("manylinux2014", "manylinux_2_28", "manylinux_2_17")  # Ubuntu 22.04: glibc 2.35
 JETSON_NUMPY = "numpy>=1.24,<2"
 # pycuda for the TensorRT backend: its source and what building and running it need, built on the device.
@@ -101,13 +103,21 @@ class Bundle:
 
 
 def requirements(target: Target) -> list[str]:
-    """edged's runtime dependencies (from its installed metadata), minus what the target's OS provides."""
+    """edged's runtime dependencies and the target's extras (from its installed metadata), minus what the
+    target's OS provides."""
     from importlib.metadata import PackageNotFoundError, requires
 
     try:
-        reqs = [r for r in requires("edged") or [] if "extra ==" not in r]
+        declared = requires("edged") or []
     except PackageNotFoundError as exc:
         raise BundleError("edged is not installed (pip install -e .), so its dependencies are unknown") from exc
+    wanted = TARGET_EXTRAS.get(target, ())
+    reqs: list[str] = []
+    for r in declared:
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", r)
+        req = r if extra is None else r.partition(";")[0].strip()
+        if (extra is None or extra.group(1) in wanted) and req not in reqs:
+            reqs.append(req)
     if target.startswith("jetson"):
         names = [(re.split(r"[<>=!~ ;\[]", r)[0], r) for r in reqs]
         reqs = [JETSON_NUMPY if n == "numpy" else r for n, r in names if n not in JETSON_SKIP]

@@ -105,6 +105,19 @@ else
 fi
 mv "$LIST.new" "$LIST"
 
+# python3-systemd gives the daemon's journal lines their priority and fields (CAMERA, EDGED_MODEL, ERROR_CODE);
+# without it `journalctl -p err` and `journalctl CAMERA=dock` find nothing. The venv sees the system's.
+if [ ! -f "$R/usr/lib/python3/dist-packages/systemd/journal.py" ]; then
+  if ! on_target; then
+    say "note: $R has no python3-systemd (logs would lack priority and fields): chroot $R apt-get install python3-systemd"
+  elif command -v apt-get >/dev/null && timeout 300 apt-get install -y -q python3-systemd >/dev/null; then
+    say "installed python3-systemd (journald priorities and fields)"
+  else
+    say "warning: python3-systemd is not installed and apt-get could not install it: logs reach the journal" \
+        "without priority or fields; apt-get install python3-systemd"
+  fi
+fi
+
 if ! on_target; then
   # Nothing runs for the target here: the first boot makes the venv, installs the model, runs
   # `edged doctor`, and enables edged.service only when no required check fails.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a development/demo environment on Debian or Ubuntu: system packages (when missing),
-# a virtualenv in .venv with edged and its dev tools, and the demo models and video.
+# a virtualenv in .venv with edged, its CPU extras (ONNX Runtime and OpenCV from PyPI: edged[cpu]) and its dev
+# tools, and the demo models and video.
 # Sourced by demo.sh and test.sh; safe to run again (everything is cached).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -50,11 +51,11 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import edged.daemon, pytest, jsonschema, mypy' 2>/dev/null \
+if ! .venv/bin/python -c 'import edged.daemon, onnxruntime, cv2, pytest, jsonschema, mypy' 2>/dev/null \
    || [ pyproject.toml -nt .venv/.edged-installed ]; then
   echo "setup: installing edged and its dev tools into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[cpu,dev]'  # ONNX Runtime and OpenCV from PyPI
   touch .venv/.edged-installed
 fi
 

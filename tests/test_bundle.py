@@ -151,9 +151,15 @@ def test_bundle_manifest_hashes_and_signature(jetson_bundle: tuple[Path, Path], 
 
 
 def test_jp5_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """Not offered (the help lists what can be built), and refused with the reason when asked for."""
     generate_key(tmp_path / "keys")
     r = edged_cli("bundle", "build", "--target", "jetson-jp5", "--keys", str(tmp_path / "keys"))
-    assert r.returncode == 1 and "JetPack 5 ships Python 3.8" in r.stderr
+    assert r.returncode == 2 and "argument --target: jetson-jp5: JetPack 5 ships Python 3.8" in r.stderr, r.stderr
+    assert "--target jetson-jp6" in r.stderr
+    usage = edged_cli("bundle", "build", "--help").stdout
+    assert "{host,jetson-jp6}" in usage and "jp5" not in usage, usage
+    r = edged_cli("bundle", "build", "--target", "jetson", "--keys", str(tmp_path / "keys"))
+    assert r.returncode == 2 and "invalid choice: 'jetson' (choose from" in r.stderr, r.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="install.sh runs as root")
@@ -201,6 +207,29 @@ def test_install_root_lays_the_bundle_into_a_rootfs(jetson_bundle: tuple[Path, P
     assert not (wants / "edged.service").exists() and not (rootfs / "usr/lib/sysusers.d/edged.conf").exists()
     assert not (rootfs / "usr/share/man/man1/edged.1").exists()
     assert (etc / "edged/edged.yaml").is_file() and (rootfs / "etc/hostname").read_text() == "keep-me\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="install.sh runs as root")
+def test_install_says_when_the_system_lacks_python3_systemd(jetson_bundle: tuple[Path, Path], tmp_path: Path) -> None:
+    """Without python3-systemd the daemon's logs reach the journal without priority or fields: a rootfs that
+    lacks it is told how to add it (nothing runs for the target); one that has it hears nothing."""
+    bundle, _ = jetson_bundle
+    with tarfile.open(bundle) as tar:
+        tar.extractall(tmp_path / "b", filter="data")
+    install = tmp_path / "b/edged-bundle/install.sh"
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "etc/nv_tegra_release").write_text(L4T_R36_4_0 + "\n")
+    (rootfs / "usr/bin").mkdir(parents=True)
+    (rootfs / "usr/bin/python3.10").write_text("")
+    r = subprocess.run(["bash", str(install), "--root", str(rootfs)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "python3-systemd" in r.stdout and f"chroot {rootfs} apt-get install python3-systemd" in r.stdout, r.stdout
+    journal = rootfs / "usr/lib/python3/dist-packages/systemd/journal.py"
+    journal.parent.mkdir(parents=True)
+    journal.write_text("")
+    r = subprocess.run(["bash", str(install), "--root", str(rootfs)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "python3-systemd" not in r.stdout, r.stdout
 
 
 def test_bundle_verify_checks_signature_and_every_file(jetson_bundle: tuple[Path, Path], tmp_path: Path) -> None:

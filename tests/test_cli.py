@@ -11,7 +11,7 @@ from cryptography import x509
 
 from edged.models.demo import DemoAssets
 
-from .conftest import base_config, edged_cli, free_port, wait_until, write_config
+from .conftest import Broker, base_config, edged_cli, free_port, wait_until, write_config
 
 
 def test_watch_prints_what_a_device_publishes(broker, start_daemon, demo: DemoAssets, tmp_path: Path) -> None:
@@ -114,3 +114,75 @@ def test_every_verb_names_its_handler_beside_its_options() -> None:
     )
     for verb, parser in found.items():
         assert callable(parser.get_default("func")), verb
+
+
+def test_watch_c_takes_the_daemons_environment_overrides(broker: Broker, tmp_path: Path) -> None:
+    """The secured-site recipe puts the broker in EDGED_MQTT__* variables: `watch -c` reads them as the
+    daemon does (and the device id from EDGED_DEVICE_ID), so it watches the broker the daemon publishes to."""
+    mq = write_config(tmp_path / "mqtt.yaml", {"mqtt": {"host": "127.0.0.1", "port": 1}})
+    env = {"EDGED_MQTT__PORT": str(broker.port), "EDGED_DEVICE_ID": "test-01"}
+    run = edged_cli("watch", "-c", str(mq), "--duration", "1", env=env)
+    assert run.returncode == 0, run.stderr
+    assert "watch: 0 results" in run.stderr and ":1" not in run.stderr, run.stderr
+    # and a bad value is the variable's fault, not the file's
+    run = edged_cli("watch", "-c", str(mq), "--duration", "1", env={**env, "EDGED_MQTT__PORT": "x"})
+    assert run.returncode == 1 and "environment variable EDGED_MQTT__PORT: mqtt.port" in run.stderr, run.stderr
+
+
+def test_model_lines_never_say_none(demo: DemoAssets, tmp_path: Path) -> None:
+    """A first install has no previous version, a store without the model has no current one: said in words."""
+    keys = tmp_path / "keys"
+    assert edged_cli("keys", "generate", "--dir", str(keys)).returncode == 0
+    (key,) = keys.glob("*.key")
+    tar = tmp_path / "b.tar"
+    src = str(demo.packages["blazeface-back"].root)
+    assert edged_cli("model", "pack", src, "--key", str(key), "--out", str(tar)).returncode == 0
+    doc = {
+        "device_id": "t",
+        "state_dir": str(tmp_path / "state"),
+        "model": {"name": "blazeface-back", "keys_dir": str(keys)},
+        "cameras": [{"name": "a", "uri": "synthetic://"}],
+    }
+    cfg = write_config(tmp_path / "c.yaml", doc)
+    r = edged_cli("model", "rollback", "--if-probation", "-c", str(cfg))
+    assert r.returncode == 1 and "no current version" in r.stderr and "None" not in r.stderr, r.stderr
+    r = edged_cli("model", "install", str(tar), "-c", str(cfg))
+    assert r.returncode == 0 and "installed, current (on probation); no previous version" in r.stdout, r.stdout
+    for args in (("model", "install", str(tar)), ("model", "list"), ("model", "rollback")):
+        r = edged_cli(*args, "-c", str(cfg))
+        assert "None" not in r.stdout + r.stderr, (args, r.stdout, r.stderr)
+
+
+def test_push_takes_the_tls_flags_watch_takes(demo: DemoAssets, tmp_path: Path) -> None:
+    """A broker that requires client certificates: `edged push` reaches it with --cafile/--cert/--key as
+    `edged watch` does (the device here never answers: the push times out on it, having connected)."""
+    from edged.deploy import certs
+    from tests.test_tls import tls_broker
+
+    pki = tmp_path / "pki"
+    certs.make_ca(pki)
+    certs.make_cert(pki, "server", hosts=["localhost", "127.0.0.1"])
+    certs.make_cert(pki, "backend")
+    (tmp_path / "b").mkdir()
+    secure = tls_broker(tmp_path / "b", pki)
+    secure.start()
+    try:
+        _push_over_tls(secure, pki, demo, tmp_path)
+    finally:
+        secure.stop()
+
+
+def _push_over_tls(secure: Broker, pki: Path, demo: DemoAssets, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    assert edged_cli("keys", "generate", "--dir", str(keys)).returncode == 0
+    (key,) = keys.glob("*.key")
+    tar = tmp_path / "b.tar"
+    src = str(demo.packages["blazeface-back"].root)
+    assert edged_cli("model", "pack", src, "--key", str(key), "--out", str(tar)).returncode == 0
+    where = ["--host", "127.0.0.1", "--port", str(secure.port), "--state", str(tmp_path / "rollout.json")]
+    tls = ["--cafile", str(pki / "ca.crt"), "--cert", str(pki / "backend.crt"), "--key", str(pki / "backend.key")]
+    r = edged_cli("push", str(tar), "--device", "ghost", "--timeout", "3", *where, *tls, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "cannot reach the broker" not in r.stderr and "ghost" in r.stdout + r.stderr, r.stdout + r.stderr
+    r = edged_cli("push", str(tar), "--device", "ghost", "--cert", "a.crt", "--key", "a.key", *where)
+    assert r.returncode == 1 and "--cert/--key need --cafile" in r.stderr, r.stderr

@@ -8,6 +8,7 @@ import pytest
 
 from edged.daemon.config import load_config, load_mqtt_config
 from edged.errors import ConfigError
+from edged.models.demo import DemoAssets
 
 from .conftest import REPO, edged_cli, write_config
 
@@ -159,3 +160,88 @@ def test_an_empty_environment_override_is_refused_naming_the_variable(
     assert run.returncode == 1, run.stdout
     assert "environment variable EDGED_STATE_DIR is set but empty" in run.stderr
     assert "config valid" not in run.stdout
+
+
+# --- errors of EDGED_* overrides name the variable, not the file --------------------------------------------
+
+
+def test_a_bad_override_value_names_the_variable_not_the_file(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "c.yaml", {**MINIMAL, "mqtt": {"port": 1883}})
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={"EDGED_MQTT__PORT": "eighty"})
+    text = str(err.value)
+    assert text.startswith("environment variable EDGED_MQTT__PORT: mqtt.port:"), text
+    assert "c.yaml" not in text  # the file says 1883, which is fine
+    # a file error and a variable error together: each blamed on its source
+    doc = {**MINIMAL, "inference": {"max_wait": 5}}
+    with pytest.raises(ConfigError) as err:
+        load_config(write_config(tmp_path / "d.yaml", doc), environ={"EDGED_CAMERAS__0__FPS_MAX": "0"})
+    text = str(err.value)
+    assert "d.yaml: inference.max_wait: unknown key" in text, text
+    assert "environment variable EDGED_CAMERAS__0__FPS_MAX: cameras[0].fps_max:" in text, text
+    assert "d.yaml: cameras" not in text, text
+
+
+def test_the_mqtt_section_alone_takes_its_overrides(tmp_path: Path) -> None:
+    """What `edged push -c` and `edged watch -c` read: the same broker the daemon would use."""
+    path = write_config(tmp_path / "c.yaml", {**MINIMAL, "mqtt": {"host": "file-broker", "port": 1883}})
+    env = {"EDGED_MQTT__HOST": "site-broker", "EDGED_MQTT__PORT": "8883", "EDGED_CAMERAS__7__URI": "synthetic://"}
+    mqtt = load_mqtt_config(path, environ=env)  # another section's variable is not this reader's business
+    assert (mqtt.host, mqtt.port) == ("site-broker", 8883)
+    with pytest.raises(ConfigError, match=r"^environment variable EDGED_MQTT__PORT: mqtt\.port:"):
+        load_mqtt_config(path, environ={"EDGED_MQTT__PORT": "x"})
+
+
+# --- check-config: every problem of the config, named by key and file, and no side effects ---------------
+
+
+def test_check_config_names_missing_files_by_key_and_reports_every_camera(tmp_path: Path) -> None:
+    doc = {
+        **MINIMAL,
+        "mqtt": {"tls": {"ca_file": "certs/ca.crt"}},
+        "model": {"package": "nopkg"},
+        "cameras": [{"name": "a", "uri": "file:///none/a.mp4"}, {"name": "b", "uri": "file:///none/b.mp4"}],
+    }
+    path = write_config(tmp_path / "c.yaml", doc)
+    run = edged_cli("check-config", "-c", str(path))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "config valid" not in run.stdout, run.stdout
+    assert f"c.yaml: mqtt.tls.ca_file: {tmp_path / 'certs' / 'ca.crt'}: no such file" in run.stderr, run.stderr
+    assert f"c.yaml: model.package: {tmp_path / 'nopkg'}: no such file or folder" in run.stderr, run.stderr
+    assert "camera a:" in run.stderr and "camera b:" in run.stderr, run.stderr  # both, and the model too
+    # --no-model: the package is not looked at, the broker's files still are
+    run = edged_cli("check-config", "-c", str(path), "--no-model")
+    assert run.returncode == 1 and "mqtt.tls.ca_file" in run.stderr and "model.package" not in run.stderr
+
+
+@pytest.mark.parametrize("uri", ["rtsp://user:secret@", "rtsp://user:secret@/stream", "http://user:secret@:8080/"])
+def test_a_network_camera_without_a_host_is_refused_without_its_password(tmp_path: Path, uri: str) -> None:
+    doc = {**MINIMAL, "cameras": [{"name": "a", "uri": uri}]}
+    path = write_config(tmp_path / "c.yaml", doc)
+    with pytest.raises(ConfigError, match=r"c\.yaml: cameras\[0\]\.uri: .*no host") as err:
+        load_config(path, environ={})
+    assert "secret" not in str(err.value)
+    run = edged_cli("check-config", "-c", str(path), "--no-model")
+    assert run.returncode == 1 and "no host" in run.stderr and "secret" not in run.stdout + run.stderr
+
+
+def test_check_config_leaves_the_state_directory_alone(tmp_path: Path, demo: DemoAssets) -> None:
+    """A daemon may be running on this state directory: checking a config unpacks a .tar package elsewhere."""
+    import tarfile
+
+    tar = tmp_path / "pkg.tar"
+    with tarfile.open(tar, "w") as t:
+        for f in demo.packages["blazeface-back"].root.iterdir():
+            t.add(f, arcname=f.name)
+    state = tmp_path / "state"
+    (state / "staging").mkdir(parents=True)
+    (state / "staging" / "in-use").write_text("a running daemon's\n")
+    doc = {**MINIMAL, "state_dir": str(state), "model": {"package": str(tar)}}
+    doc["cameras"] = [{"name": "a", "uri": "synthetic://"}]
+    run = edged_cli("check-config", "-c", str(write_config(tmp_path / "c.yaml", doc)))
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in (state / "staging").iterdir()) == ["in-use"]
+    fresh = tmp_path / "fresh"
+    doc["state_dir"] = str(fresh)
+    assert edged_cli("check-config", "-c", str(write_config(tmp_path / "d.yaml", doc))).returncode == 0
+    assert not fresh.exists()

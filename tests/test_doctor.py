@@ -5,6 +5,8 @@ fixture trees the sensor tests use (L4T, SoC compute capability, sensors, JetPac
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +55,8 @@ def test_broker_down_is_a_warning_and_strict_fails(broker: Broker, demo: DemoAss
     assert checks["broker"]["status"] == "warn" and "Connection refused" in checks["broker"]["detail"]
     assert "warn broker" in text and "results are spooled" in text
     r = edged_cli("doctor", "-c", str(cfg), "--strict")
-    assert r.returncode == 1 and "doctor: 3 warning(s) (--strict)" in r.stdout  # broker, gst-cv2, sensors
+    # broker, sensors (OpenCV without GStreamer is n/a here: capture goes through PyGObject's GStreamer)
+    assert r.returncode == 1 and "doctor: 2 warning(s) (--strict)" in r.stdout, r.stdout
 
 
 def test_unwritable_state_dir_fails(broker: Broker, demo: DemoAssets, tmp_path: Path) -> None:
@@ -168,3 +171,142 @@ def test_an_engine_package_built_for_another_device(broker: Broker, demo: DemoAs
     assert "needs TensorRT 10.3.0, none is installed here" in checks["model"]["detail"]
     assert "edged build-engine" in checks["model"]["fix"]
     assert checks["tensorrt"]["status"] == "fail" and checks["tensorrt"]["required"]
+
+
+# --- the capture path the daemon will use: GStreamer through PyGObject, not OpenCV's build -------------------
+
+GST_CAMERA = {"name": "gate", "uri": "gst://videotestsrc is-live=true ! videoconvert ! appsink name=sink"}
+CSI_CAMERA = {"name": "dock", "uri": "csi://0?width=1280&height=720&fps=30"}
+
+
+def without_gi(tmp_path: Path) -> dict[str, str]:
+    """An environment whose Python finds no PyGObject: a `gi` ahead of the venv's that is not there (as on a
+    device without python3-gi, or a venv that does not see the system site-packages)."""
+    hide = tmp_path / "no-gi" / "gi"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'gi\'", name="gi")\n')
+    return {"PYTHONPATH": str(hide.parent)}
+
+
+def doctor_env(env: dict[str, str], *args: str) -> tuple[int, dict[str, dict[str, Any]], str]:
+    r = edged_cli("doctor", "--json", "--broker-timeout", "5", *args, env=env)
+    assert r.returncode in (0, 1), r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] == (r.returncode == 0)
+    text = edged_cli("doctor", "--broker-timeout", "5", *args, env=env).stdout
+    return r.returncode, {c["name"]: c for c in doc["checks"]}, text
+
+
+def test_a_gst_camera_passes_where_pygobject_gstreamer_loads(broker: Broker, demo: DemoAssets, tmp_path: Path) -> None:
+    """This machine: PyGObject's GStreamer loads (scripts/setup.sh links python3-gi), pip's OpenCV has no
+    GStreamer. The daemon captures gst:// through PyGObject, so OpenCV's build is not a failure."""
+    doc = base_config(broker, demo, tmp_path, [GST_CAMERA, {"name": "cam", "uri": f"file://{demo.video}"}])
+    rc, checks, text = doctor("-c", str(write_config(tmp_path / "gst.yaml", doc)))
+    assert rc == 0, text
+    assert checks["gstreamer"]["status"] == "ok" and checks["gstreamer"]["required"], checks["gstreamer"]
+    assert "through PyGObject" in checks["gstreamer"]["detail"] and "GStreamer 1." in checks["gstreamer"]["detail"]
+    capture = checks["capture"]
+    assert capture["status"] == "ok" and capture["required"], capture
+    assert "gate (gst://" in capture["detail"] and "cam (file://" in capture["detail"]
+    assert capture["detail"].count("GStreamer") >= 2, capture  # both cameras: the path the daemon takes
+    # OpenCV's GStreamer is not used by this config: not a failure, and no fix that swaps OpenCV
+    assert checks["gst-cv2"]["status"] == "n/a" and not checks["gst-cv2"]["required"], checks["gst-cv2"]
+    assert "opencv" not in checks["gst-cv2"]["fix"].lower()
+
+
+def test_without_pygobject_gst_and_csi_cameras_fail_with_the_gstreamer_fix(
+    broker: Broker, demo: DemoAssets, tmp_path: Path
+) -> None:
+    doc = base_config(broker, demo, tmp_path, [GST_CAMERA, CSI_CAMERA])
+    rc, checks, text = doctor_env(without_gi(tmp_path), "-c", str(write_config(tmp_path / "csi.yaml", doc)))
+    assert rc == 1, text
+    g = checks["gstreamer"]
+    assert g["status"] == "fail" and g["required"], g
+    assert "No module named 'gi'" in g["detail"]
+    assert "python3-gi" in g["fix"] and "gir1.2-gstreamer-1.0" in g["fix"] and "system-site-packages" in g["fix"]
+    capture = checks["capture"]
+    assert capture["status"] == "fail" and "gate (gst://" in capture["detail"] and "dock (csi://0" in capture["detail"]
+    assert "python3-gi" in capture["fix"]
+    # the old advice (swap OpenCV) is not what fixes PyGObject capture
+    fails = [line for line in text.splitlines() if line.startswith("FAIL")]
+    assert fails and not any("pip uninstall" in f or "python3-opencv" in f for f in fails), fails
+
+
+def test_without_pygobject_file_cameras_fall_back_to_opencv(broker: Broker, demo: DemoAssets, tmp_path: Path) -> None:
+    """file:// (rtsp, v4l2) cameras on `backend: auto` fall back to OpenCV where GStreamer is missing, as the
+    daemon does: an advisory line, not a failure."""
+    rc, checks, text = doctor_env(without_gi(tmp_path), "-c", str(config(tmp_path, broker, demo)))
+    assert rc == 0, text
+    assert checks["gstreamer"]["status"] == "warn" and not checks["gstreamer"]["required"], checks["gstreamer"]
+    assert "OpenCV" in checks["capture"]["detail"] and checks["capture"]["status"] == "ok", checks["capture"]
+
+
+def test_a_csi_camera_here_fails_on_nvarguscamerasrc_not_on_opencv(
+    broker: Broker, demo: DemoAssets, tmp_path: Path
+) -> None:
+    """PyGObject's GStreamer loads here, but this is no Jetson: csi:// needs nvarguscamerasrc, and says so."""
+    doc = base_config(broker, demo, tmp_path, [CSI_CAMERA])
+    rc, checks, text = doctor("-c", str(write_config(tmp_path / "csi.yaml", doc)))
+    assert rc == 1, text
+    assert checks["gstreamer"]["status"] == "ok", checks["gstreamer"]
+    capture = checks["capture"]
+    assert capture["status"] == "fail" and "nvarguscamerasrc" in capture["detail"], capture
+    assert "nvidia-l4t-gstreamer" in capture["fix"]
+    fails = [line for line in text.splitlines() if line.startswith("FAIL")]
+    assert not any("opencv" in f.lower() for f in fails), fails
+
+
+def without_python_systemd(tmp_path: Path) -> dict[str, str]:
+    hide = tmp_path / "no-systemd" / "systemd"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'systemd\'", name="systemd")\n')
+    return {"PYTHONPATH": str(hide.parent)}
+
+
+def test_journald_logging_needs_python3_systemd(tmp_path: Path) -> None:
+    """Under systemd (a root with /run/systemd/system), python3-systemd is what gives the journal each line's
+    priority and the CAMERA / EDGED_MODEL / ERROR_CODE fields: checked, and its absence said with the fix."""
+    root = BOARDS["generic_linux"](tmp_path / "root")
+    (root / "run" / "systemd" / "system").mkdir(parents=True)
+    _, checks, _ = doctor("--root", str(root))
+    assert checks["journald"]["status"] == "ok", checks["journald"]
+    assert "python3-systemd" in checks["journald"]["detail"] and "CAMERA" in checks["journald"]["detail"]
+    _, checks, _ = doctor_env(without_python_systemd(tmp_path), "--root", str(root))
+    j = checks["journald"]
+    assert j["status"] == "warn" and not j["required"], j
+    assert "journalctl -p err" in j["detail"] and "CAMERA=" in j["detail"], j
+    assert "apt-get install python3-systemd" in j["fix"], j
+    # no systemd here (a container, a laptop): nothing to log to
+    plain = BOARDS["generic_linux"](tmp_path / "plain")
+    _, checks, _ = doctor_env(without_python_systemd(tmp_path / "x"), "--root", str(plain))
+    assert checks["journald"]["status"] == "n/a", checks["journald"]
+
+
+def argus_standin(tmp_path: Path) -> dict[str, str]:
+    """GStreamer with an element named nvarguscamerasrc (tests/gst_argus_standin.c, built here with cc): a
+    GstBaseSrc that makes nothing, registered from GST_PLUGIN_PATH into a registry of the test's own."""
+    cc = shutil.which("cc")
+    libs = [Path("/usr/lib/x86_64-linux-gnu") / f"lib{n}.so.0" for n in ("gstbase-1.0", "gstreamer-1.0", "gobject-2.0")]
+    if cc is None or not all(lib.exists() for lib in libs):
+        pytest.skip("no cc, or no GStreamer libraries where the stand-in plugin links them")
+    plugins = tmp_path / "gst-plugins"
+    plugins.mkdir()
+    src = Path(__file__).with_name("gst_argus_standin.c")
+    cmd = [cc, "-shared", "-fPIC", "-o", str(plugins / "libgstedgedargus.so"), str(src), *map(str, libs)]
+    subprocess.run(cmd, check=True, timeout=120)
+    return {"GST_PLUGIN_PATH": str(plugins), "GST_REGISTRY": str(tmp_path / "gst-registry.bin")}
+
+
+def test_a_csi_camera_passes_where_gstreamer_has_nvarguscamerasrc(
+    broker: Broker, demo: DemoAssets, tmp_path: Path
+) -> None:
+    """The Jetson case without a Jetson: PyGObject's GStreamer with nvarguscamerasrc (a stand-in element), pip's
+    OpenCV without GStreamer. The CSI camera's path is GStreamer; nothing asks for another OpenCV."""
+    doc = base_config(broker, demo, tmp_path, [CSI_CAMERA])
+    rc, checks, text = doctor_env(argus_standin(tmp_path), "-c", str(write_config(tmp_path / "csi.yaml", doc)))
+    assert rc == 0, text
+    assert checks["gstreamer"]["status"] == "ok" and checks["gstreamer"]["required"], checks["gstreamer"]
+    assert checks["capture"]["status"] == "ok" and "dock (csi://0" in checks["capture"]["detail"], checks["capture"]
+    assert "(PyGObject)" in checks["capture"]["detail"]
+    assert "nvarguscamerasrc" not in checks["gst-nv"]["detail"].split("(")[0], checks["gst-nv"]  # not missing
+    assert text.splitlines()[-1] == "doctor: edged can run here"

@@ -23,6 +23,9 @@ from tests.conftest import base_config, edged_cli, wait_until, write_config
 
 REASON = tensorrt_unavailable_reason()
 needs_trt = pytest.mark.skipif(REASON is not None, reason=f"needs TensorRT and a GPU: {REASON}")
+# JetPack installs no mosquitto and the bundle carries none: scripts/gpu-check.sh runs offline without it
+NO_MOSQUITTO = shutil.which("mosquitto") is None and not Path("/usr/sbin/mosquitto").is_file()
+needs_mosquitto = pytest.mark.skipif(NO_MOSQUITTO, reason="no mosquitto here (apt-get install mosquitto)")
 
 
 @pytest.mark.skipif(REASON is None, reason="TensorRT is present; this checks the message without it")
@@ -95,6 +98,7 @@ def test_incompatible_engine_is_refused_before_deserializing(engine_pkg: Path, t
 
 
 @needs_trt
+@needs_mosquitto
 def test_daemon_runs_the_engine_package(
     engine_pkg: Path, demo: DemoAssets, broker, subscribe, start_daemon, tmp_path: Path
 ) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from edged.daemon.backends.trt_api import TRT_API
+from edged.daemon.backends.trt_api import CALIBRATOR_DEPRECATED_FROM, TRT_API
 from edged.models.demo import DemoAssets
 from tests.conftest import REPO
 
@@ -156,7 +156,17 @@ def check_version(label: str, tmp: Path, onnx: Path) -> dict[str, Any]:
     assert report["adapter"]["network_flags"] == {8: 1, 10: 2 if version >= (10, 12) else 0}.get(major, 0)
     assert report["subclasses"]["monitor"] == ("absent" if major == 8 else "no error")  # 10.0+
     assert report["subclasses"]["calibrator"] == ("absent" if major >= 11 else "no error")
+    assert calibrator_deprecated(label) == (
+        report["surface"]["IBuilderConfig.int8_calibrator"] and version >= CALIBRATOR_DEPRECATED_FROM
+    ), (label, "the version adapter's CALIBRATOR_DEPRECATED_FROM does not match these bindings")
     return report
+
+
+def calibrator_deprecated(label: str) -> bool:
+    """Whether these bindings warn on IBuilderConfig.int8_calibrator: their deprecation text is compiled in (the
+    property cannot be reached without a real builder, so the text is what can be checked here)."""
+    (so,) = (cache_root() / label / "tensorrt_bindings").glob("tensorrt*.so")
+    return b"Superseded by explicit quantization" in so.read_bytes()
 
 
 def test_the_quick_version_fits(demo: DemoAssets, tmp_path: Path) -> None:

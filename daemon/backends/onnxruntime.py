@@ -12,6 +12,7 @@ from types import TracebackType
 
 import numpy as np
 
+from edged.daemon.extras import missing_message
 from edged.errors import BackendError, EngineLoadError, InferenceError
 from edged.models.footprint import working_bytes
 
@@ -46,8 +47,9 @@ class OnnxRuntimeBackend:
         quantization, what an accuracy check of a TensorRT-bound QDQ model wants on a CPU)."""
         try:
             import onnxruntime as ort
-        except ImportError as exc:
-            raise BackendError(f"onnxruntime backend unavailable: {exc}") from exc
+        except ImportError as exc:  # not installed (named with its extra), or installed and broken (its reason)
+            fix = missing_message(exc.name or "") if isinstance(exc, ModuleNotFoundError) else None
+            raise BackendError(f"onnxruntime backend unavailable: {fix or exc}") from exc
         if not model.is_file():
             raise EngineLoadError(f"{model}: model file not found")
         available = set(ort.get_available_providers())

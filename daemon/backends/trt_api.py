@@ -10,6 +10,11 @@ Supported: TensorRT 8.6 (JetPack 6.0) to 11.x. What differs between them, and no
                       typed, no precision flags: fp16 comes from an fp16 ONNX model, int8 from its Q/DQ
                       nodes, fp32 from an fp32 one; a precision the model does not carry is refused
                       with the reason
+    calibrator        8.6-10.0: IBuilderConfig.int8_calibrator. 10.1-10.11: the same property, the only way
+                      to hand TensorRT a calibrator there, deprecated in 10.1 ("superseded by explicit
+                      quantization": no replacement setter exists) and warned on each use; set with
+                      that one DeprecationWarning silenced and a log line naming Q/DQ, the route that
+                      stays. 10.12+: refused (strongly typed networks take no calibrator); gone in 11
     progress monitor  IProgressMonitor from 10.0
     device memory     device_memory_size_v2 from 10.1 (device_memory_size is gone in 11)
     hardware compat.  HardwareCompatibilityLevel.AMPERE_PLUS from 8.6, SAME_COMPUTE_CAPABILITY from 10.x
@@ -29,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -116,6 +122,10 @@ TRT_API: dict[str, tuple[str, ...]] = {
 
 # TensorRT 10.12 deprecated weak typing (the precision builder flags); 11 removed it
 STRONGLY_TYPED_FROM = (10, 12)
+# IBuilderConfig.int8_calibrator (and every calibrator class): deprecated in 10.1, removed in 11. The bindings
+# warn through PyErr_WarnEx with this text on every read and write of the property.
+CALIBRATOR_DEPRECATED_FROM = (10, 1)
+CALIBRATOR_DEPRECATION = r".*Superseded by explicit quantization"
 HARDWARE_LEVELS = {"none": "NONE", "ampere+": "AMPERE_PLUS", "same-cc": "SAME_COMPUTE_CAPABILITY"}
 
 
@@ -196,6 +206,7 @@ class TrtApi:
         # weak typing (precision builder flags): deprecated from 10.12, gone in 11; edged builds strongly typed
         # networks from 10.12 on, so an engine's precision is the model's on every version that will stay
         self.strongly_typed = self.major_minor >= STRONGLY_TYPED_FROM or not hasattr(trt.BuilderFlag, "FP16")
+        self.calibrator_deprecated = self.major_minor >= CALIBRATOR_DEPRECATED_FROM
 
     # ---- building -------------------------------------------------------------------------
     def network_flags(self) -> int:
@@ -244,6 +255,29 @@ class TrtApi:
             config.set_flag(self.trt.BuilderFlag.FP16)  # layers without Q/DQ may still take fp16
         if precision == "int8":
             config.set_flag(self.trt.BuilderFlag.INT8)
+
+    def set_calibrator(self, config: Any, calibrator: Any) -> None:
+        """TensorRT's implicit INT8 calibration of a float model (weakly typed builds: `check_precision`
+        refuses a calibrator on strongly typed ones). From 10.1 the only setter, `int8_calibrator`, is
+        deprecated with no replacement but explicit quantization, and each use raises a DeprecationWarning
+        (an error where warnings are errors, as in edged's tests): that one warning is silenced here, and
+        the log says which route stays."""
+        if self.strongly_typed:
+            raise BackendError(
+                f"TensorRT {self.version} builds strongly typed networks, which take no calibrator: int8 needs "
+                "a Q/DQ model (`edged quantize --target tensorrt`)"
+            )
+        if not self.calibrator_deprecated:
+            config.int8_calibrator = calibrator
+            return
+        logger.warning(
+            "TensorRT %s: calibrating in TensorRT (--calib) is deprecated since 10.1 and gone in 11; a Q/DQ "
+            "model (`edged quantize --target tensorrt`) builds int8 on every version",
+            self.version,
+        )
+        with warnings.catch_warnings():  # the build runs on one thread; the filters are restored on exit
+            warnings.filterwarnings("ignore", CALIBRATOR_DEPRECATION, DeprecationWarning)
+            config.int8_calibrator = calibrator
 
     def set_options(self, config: Any, options: BuilderOptions) -> None:
         trt = self.trt

@@ -90,9 +90,10 @@ def build_engine(
     """ONNX -> a serialized engine with one fixed-shape profile.
 
     INT8 takes the explicit scales of a QDQ model (`edged quantize --target tensorrt`). For a float
-    model, and only as a fallback on TensorRT 8.6-10.x, `calibration` batches (preprocessed as the daemon
-    does) drive TensorRT's entropy calibrator, whose scales are kept in `calibration_cache`. TensorRT 11
-    takes the precision from the model (strongly typed): a precision the model does not carry is refused.
+    model, and only as a fallback on TensorRT 8.6-10.11 (deprecated from 10.1: `TrtApi.set_calibrator`),
+    `calibration` batches (preprocessed as the daemon does) drive TensorRT's entropy calibrator, whose
+    scales are kept in `calibration_cache`. From 10.12 (strongly typed) the precision comes from the model:
+    a precision the model does not carry is refused.
     `precision` None: `TrtApi.default_precision` (the model's own on 11, else int8 for Q/DQ, fp16)."""
     m = modules or load_modules()
     version: str | None = None
@@ -151,7 +152,7 @@ def _build(
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
         api.set_precision(config, precision)
         if calibration is not None:
-            config.int8_calibrator = _entropy_calibrator(trt, cuda, calibration, calibration_cache)
+            api.set_calibrator(config, _entropy_calibrator(trt, cuda, calibration, calibration_cache))
         api.set_options(config, opts)
         on_dla: list[str] = []
         on_gpu: list[str] = []

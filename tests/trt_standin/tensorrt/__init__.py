@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any, ClassVar
 
 import numpy as np
@@ -30,9 +31,18 @@ PLAN_MAGIC = b"stand-in plan"
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__version__":
-        return "8.5.2.2" if _fault() == "old_version" else "10.3.0"
+    if name == "__version__":  # TRT_STANDIN_VERSION: the version the stand-in says it is (10.3.0, JetPack 6.1/6.2)
+        return "8.5.2.2" if _fault() == "old_version" else os.environ.get("TRT_STANDIN_VERSION", "10.3.0")
     raise AttributeError(f"module 'tensorrt' has no attribute '{name}'")
+
+
+def _version() -> tuple[int, ...]:
+    return tuple(int(p) for p in str(__getattr__("__version__")).split(".")[:2])
+
+
+# What the real bindings 10.1-10.x say, through PyErr_WarnEx, whenever Python reads or sets
+# IBuilderConfig.int8_calibrator (utils::deprecateMember in python/src/infer/pyCore.cpp)
+CALIBRATOR_DEPRECATION = "Use Deprecated in TensorRT 10.1. Superseded by explicit quantization. instead."
 
 
 class _Severity(int):
@@ -206,11 +216,23 @@ class _Config:
     default_device_type = DeviceType.GPU
     DLA_core = -1
     progress_monitor: Any = None
-    int8_calibrator: Any = None
 
     def __init__(self) -> None:
         self.flags: set[int] = set()
         self.profiles: list[_Profile] = []
+        self.calibrator: Any = None  # what TensorRT itself holds (its C++ side reads it without a warning)
+
+    @property
+    def int8_calibrator(self) -> Any:
+        if _version() >= (10, 1):
+            warnings.warn(CALIBRATOR_DEPRECATION, DeprecationWarning, stacklevel=2)
+        return self.calibrator
+
+    @int8_calibrator.setter
+    def int8_calibrator(self, calibrator: Any) -> None:
+        if _version() >= (10, 1):
+            warnings.warn(CALIBRATOR_DEPRECATION, DeprecationWarning, stacklevel=2)
+        self.calibrator = calibrator
 
     def set_memory_pool_limit(self, pool: int, size: int) -> None:
         pass
@@ -260,7 +282,7 @@ class Builder:
             "profiles": [p.shapes for p in config.profiles],
             "calibration": None,
         }
-        calibrator = config.int8_calibrator
+        calibrator = config.calibrator
         if calibrator is not None:  # as TensorRT does: its cache if it has one, else every batch, then the cache
             if calibrator.read_calibration_cache():
                 record["calibration"] = "cache"
