@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edged.daemon.config import MqttConfig
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -90,18 +94,48 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         action="store_true",
         help="do not HEAD each URL first (only the devices reach the web server)",
     )
+    push.add_argument(
+        "--cancel",
+        action="store_true",
+        help="stop the transfer each --device runs (no package): it drops its files and publishes cancelled",
+    )
     push.add_argument("-c", "--config", type=Path, help="a config file whose mqtt section to use (TLS, credentials)")
     push.add_argument("--host", help="broker host (default: the config's, else 127.0.0.1)")
     push.add_argument("--port", type=int, help="broker port (default: the config's, else 1883)")
     push.add_argument("--prefix", help="topic prefix (default: the config's, else edged)")
+    push.add_argument("--cafile", type=Path, metavar="FILE", help="TLS: the CA that signed the broker's certificate")
+    push.add_argument("--cert", type=Path, metavar="FILE", help="TLS: our client certificate (with --key)")
+    push.add_argument("--key", type=Path, metavar="FILE", help="TLS: our client key (with --cert)")
+    push.add_argument("--username", help="MQTT user name")
+    push.add_argument("--password-file", type=Path, metavar="FILE", help="a file holding the MQTT password")
     push.set_defaults(func=_push)
 
 
-def _push(args: argparse.Namespace) -> int:
+def _broker(args: argparse.Namespace) -> MqttConfig:
+    """The config's mqtt section (with its EDGED_MQTT__* overrides) and the flags over it, as `edged watch`."""
     from edged.daemon.config import MqttConfig, load_mqtt_config
+    from edged.daemon.mqtt_config import with_flags
+
+    return with_flags(
+        load_mqtt_config(args.config) if args.config else MqttConfig(),
+        args.config,
+        host=args.host,
+        port=args.port,
+        prefix=args.prefix,
+        cafile=args.cafile,
+        cert=args.cert,
+        key=args.key,
+        username=args.username,
+        password_file=args.password_file,
+    )
+
+
+def _push(args: argparse.Namespace) -> int:
     from edged.deploy.mirror import Mirror, is_url, stage
     from edged.deploy.rollout import start_rollout
 
+    if args.cancel:
+        return _cancel(args)
     if args.resume is None and args.package is None:
         print("edged push: error: name a package, or --resume FILE", file=sys.stderr)
         return 2
@@ -119,11 +153,8 @@ def _push(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"edged push: error: {exc}", file=sys.stderr)
             return 2
-    mqtt_cfg = load_mqtt_config(args.config) if args.config else MqttConfig()
-    update = {k: v for k, v in (("host", args.host), ("port", args.port), ("topic_prefix", args.prefix)) if v}
-    mqtt_cfg = mqtt_cfg.model_copy(update=update)
     return start_rollout(
-        mqtt_cfg,
+        _broker(args),
         args.package,
         args.device,
         args.group,
@@ -138,3 +169,14 @@ def _push(args: argparse.Namespace) -> int:
         resume=args.resume,
         wait_offline_s=args.wait_offline,
     )
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    """``--cancel``: the cancel command to each ``--device``; exit 0 when every one cancelled a transfer."""
+    from edged.deploy.cancel import cancel
+
+    if args.package is not None or args.resume is not None or args.group or not args.device:
+        print("edged push: error: --cancel takes --device ID (repeatable), and no package, --resume or --group",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    return cancel(_broker(args), args.device, sys.stderr)

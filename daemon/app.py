@@ -41,6 +41,7 @@ from .group_offer import GroupOffers
 from .health import HealthServer, Probe
 from .homeassistant import HomeAssistant
 from .inference import ActiveModel, InferenceLoop, Result
+from .liveness import Liveness
 from .loader import ModelLoader
 from .ota import OtaReceiver
 from .preprocess import Preprocessor
@@ -53,6 +54,11 @@ from .systemd import Watchdog, notify, set_log_model
 from .telemetry import RunSummary, Telemetry
 
 logger = logging.getLogger(__name__)
+
+# How long a run with a duration waits, once ready, for its first served batch (a camera that opens late, a
+# slow first connection on a busy machine) before it stops and says so: generous, yet a script that runs
+# `edged run --duration S` with every camera down still ends.
+FIRST_BATCH_WAIT_S = 60.0
 
 
 class Daemon:
@@ -80,6 +86,9 @@ class Daemon:
         self.store: Store | None = None
         self.loader = ModelLoader(cfg, self.boot_id)
         self.restart_reason = ""  # set when the daemon stops for systemd to start it again
+        self.first_batch_s: float | None = None  # run(): seconds from the start to the first served batch
+        self.served_s = 0.0  # run(): seconds from the first served batch to the stop
+        self.unserved = ""  # run(): why a run with a duration stopped before serving any batch
         try:
             self._start(backend)
         except BaseException as exc:
@@ -200,6 +209,7 @@ class Daemon:
     def _consumers(self) -> None:
         """Home Assistant discovery and the local health endpoint, when configured (each optional)."""
         cfg = self.cfg
+        self.liveness = Liveness(cfg.inference.serving_timeout_s, self.cameras, self.loop, self.throttle)
         self.homeassistant: HomeAssistant | None = None
         if HomeAssistant.needed(cfg):  # enabled, or an earlier run's entities to clear
             self.homeassistant = HomeAssistant(
@@ -293,9 +303,17 @@ class Daemon:
             self.cond.notify_all()
 
     # --- serving -------------------------------------------------------------------------------
-    def run(self, duration_s: float | None = None, install_signals: bool = True) -> RunSummary:
-        """Warm up, serve until stopped, shut down. `install_signals`: install the SIGTERM / SIGINT / SIGHUP
-        handlers here unless the constructor was given them (main thread only)."""
+    def run(
+        self,
+        duration_s: float | None = None,
+        install_signals: bool = True,
+        first_batch_wait_s: float = FIRST_BATCH_WAIT_S,
+    ) -> RunSummary:
+        """Warm up, serve until stopped, shut down. `duration_s`: serve that long, counted from the first
+        served batch (not from the start, which a busy machine or a camera that opens late can make last
+        longer than the run); a run that serves no batch within `first_batch_wait_s` of ready stops then and
+        says why in `unserved`. `install_signals`: install the SIGTERM / SIGINT / SIGHUP handlers here unless
+        the constructor was given them (main thread only)."""
         if install_signals and self.signals is None:
             self.signals = Signals(self.stop_event)
             self.signals.install()
@@ -345,15 +363,25 @@ class Daemon:
         if self.signals is not None:
             self.signals.ready(self.control.reload_in_background)  # SIGHUP reloads from now on
         watchdog = Watchdog()
-        deadline = None if duration_s is None else self.started + duration_s
-        next_tel = time.monotonic() + self.cfg.telemetry.interval_s
+        ready_at = time.monotonic()
+        first_batch_at: float | None = None  # the run's duration counts from here
+        next_tel = ready_at + self.cfg.telemetry.interval_s
         try:
             while not self.stop_event.is_set():
                 now = time.monotonic()
                 healthy, why = self._health(now, watchdog.stall_s)
                 watchdog.tick(now, healthy, why)
-                if deadline is not None and now >= deadline:
-                    logger.info("run duration of %.0f s reached: stopping", duration_s)
+                if first_batch_at is None and self.loop.stats.batches:
+                    first_batch_at = now
+                    self.first_batch_s = now - self.started
+                    logger.info("first batch served %.1f s after the start", self.first_batch_s)
+                if duration_s is not None and first_batch_at is not None and now >= first_batch_at + duration_s:
+                    logger.info("run duration of %.0f s from the first batch reached: stopping", duration_s)
+                    break
+                if duration_s is not None and first_batch_at is None and now >= ready_at + first_batch_wait_s:
+                    states = ", ".join(f"{c.name} {c.stats.state}" for c in self.cameras)
+                    self.unserved = f"no batch served within {first_batch_wait_s:.0f} s of ready (cameras: {states})"
+                    logger.error("%s: stopping the %.0f s run", self.unserved, duration_s)
                     break
                 if self.loop.all_ended() and not self._frames_waiting():
                     logger.info("every camera has ended: stopping")
@@ -371,6 +399,10 @@ class Daemon:
                 if not self.publisher.network_alive():
                     self.publisher.restart_network()
                 self.models.check_probation(now)
+                for c in self.cameras:  # a camera that is down: its tracks end now, not when it comes back
+                    if reason := c.down_reason:
+                        for ev in self.scenes.end_tracks(c.name, reason, c.segment):
+                            self._event(ev)
                 if self.homeassistant is not None:
                     self.homeassistant.tick()  # discovery at each connect; states follow the counts
                 if now >= next_tel:
@@ -380,6 +412,8 @@ class Daemon:
                     next_tel = now + self.cfg.telemetry.interval_s
                 self.stop_event.wait(min(0.25, max(0.01, next_tel - now)))
         finally:
+            if first_batch_at is not None:
+                self.served_s = time.monotonic() - first_batch_at
             self.shutdown()
         return self.telemetry.summary(self.stop_reason, self.failure)
 
@@ -420,7 +454,10 @@ class Daemon:
 
     def _health(self, now: float, stall_s: float) -> tuple[bool, str]:
         """The watchdog's question: are the inference loop, the publisher and the MQTT network threads
-        making progress?"""
+        making progress, and does the daemon serve (`Liveness`: frames come in, batches run)?"""
+        serving = self.liveness.check(now)  # sampled at every call: it watches counters move
+        if serving:
+            return False, serving
         stalled = now - self.loop.stats.last_progress
         if stalled > stall_s:
             return False, f"the inference loop has made no progress for {stalled:.1f} s"

@@ -11,7 +11,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .redact import redact
+from .redact import redact, scrub
+from .zones import MAX_CAMERA_POINTS, polygon_problem
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -25,9 +26,18 @@ class StrictModel(BaseModel):
 class ZoneConfig(StrictModel):
     name: str = Field(description="the zone's name, as events and results give it")
     points: list[tuple[float, float]] = Field(
-        min_length=3, description="the polygon's corners [x, y], in source pixels or, with normalized, 0-1"
+        min_length=3,
+        description="the polygon's corners [x, y], in source pixels or, with normalized, 0-1: 3 to 64, in order "
+        "around an area (not on one line, edges that do not cross); a camera's zones and masks: 256 together",
     )
     normalized: bool = Field(False, description="points are fractions (0-1) of the frame's width and height")
+
+    @field_validator("points")
+    @classmethod
+    def _shape(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        if problem := polygon_problem(v):  # at most 64 corners, 3 distinct, an area, no crossing edges
+            raise ValueError(problem)
+        return v
 
     @model_validator(mode="after")
     def _coordinates(self) -> ZoneConfig:
@@ -79,6 +89,20 @@ class CameraDetectionConfig(StrictModel):
     snapshot_kb: int = Field(
         32, ge=0, le=200, description="the best crop in appeared/ended events, a JPEG of at most this; 0: none"
     )
+    max_events_per_s: float = Field(
+        20.0,
+        gt=0,
+        le=10_000,
+        description="object events a second at most (a burst of 10 seconds' worth); an appeared or entered over "
+        "it is dropped with its ended or left, counted in telemetry",
+    )
+    max_snapshots_per_s: float = Field(
+        2.0,
+        gt=0,
+        le=1_000,
+        description="snapshots a second at most (a burst of 10 seconds' worth); a track takes two (its appeared's "
+        "and its ended's) or, over it, sends both without, counted in telemetry",
+    )
 
     @field_validator("zones")
     @classmethod
@@ -87,6 +111,12 @@ class CameraDetectionConfig(StrictModel):
         if len(set(names)) != len(names):
             raise ValueError(f"zone names must be unique, got {names}")
         return v
+
+    @model_validator(mode="after")
+    def _corners(self) -> CameraDetectionConfig:
+        if (n := sum(len(z.points) for z in (*self.zones, *self.masks))) > MAX_CAMERA_POINTS:
+            raise ValueError(f"zones and masks have {n} points together; a camera's have at most {MAX_CAMERA_POINTS}")
+        return self
 
     @model_validator(mode="after")
     def _events_need_tracks(self) -> CameraDetectionConfig:
@@ -160,6 +190,13 @@ class CameraConfig(StrictModel):
                 "synthetic://, "
                 f"not {redact(v)}"
             )
+        if scheme in {"rtsp", "rtsps", "http", "https"}:
+            try:
+                host = urlsplit(v).hostname
+            except ValueError as exc:  # a bad port or bracket: said without the URI's credentials
+                raise ValueError(f"{redact(v)}: not a URI with a host: {scrub(str(exc))}") from exc
+            if not host:
+                raise ValueError(f"{redact(v)}: no host ({scheme}://[USER@]HOST[:PORT]/PATH)")
         return v
 
     @model_validator(mode="after")

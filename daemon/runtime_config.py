@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .camera_config import StrictModel as _Strict
 
@@ -82,6 +82,22 @@ class InferenceConfig(_Strict):
         "daemon's other threads the rest: for a model on the CPU (onnxruntime.threads: 1) on a machine with few "
         "cores; not applied, with a warning, on a GPU or with other thread counts",
     )
+    serving_timeout_s: float = Field(
+        300.0,
+        ge=0,
+        le=86_400,
+        description="the watchdog and /healthz fail (systemd restarts the daemon) when no camera has delivered a "
+        "frame, or no batch has run, for this long while inference is not paused and a camera has not ended; "
+        "0: off. At least 10; under 120 a site whose cameras all stay down can use up the unit's 5 starts in "
+        "10 minutes",
+    )
+
+    @field_validator("serving_timeout_s")
+    @classmethod
+    def _serving_bound(cls, v: float) -> float:
+        if 0 < v < 10:
+            raise ValueError(f"{v:g} s: a camera's reconnect would restart the daemon; 0 (off) or at least 10")
+        return v
 
 
 class DetectionConfig(_Strict):
@@ -152,6 +168,25 @@ class OtaConfig(_Strict):
     http_timeout_s: float = Field(
         30.0, gt=0, le=600, description="an HTTP(S) download's connect and read timeout; then it retries"
     )
+    http_min_rate_kib_s: float = Field(
+        8.0,
+        ge=0,
+        description="the slowest an HTTP(S) package download may be, KiB/s: each file must arrive within "
+        "http_timeout_s (a grace for connecting) + its bytes still to fetch at this rate, retries included, or "
+        "the transfer fails (stalled; what arrived is kept) and the device takes other offers again. 8 KiB/s "
+        "(64 kbit/s, a poor cellular link) gives a 50 MiB engine 107 min; a mirror dripping a byte a second "
+        "fails instead of holding the device's only transfer for good. 0: no deadline (only give_up_s)",
+    )
+
+    @model_validator(mode="after")
+    def _cap_over_minimum(self) -> OtaConfig:
+        if 0 < self.http_rate_kib_s < self.http_min_rate_kib_s:
+            raise ValueError(
+                f"http_rate_kib_s ({self.http_rate_kib_s:g}) is below http_min_rate_kib_s "
+                f"({self.http_min_rate_kib_s:g}): every download would miss its deadline; raise the cap or lower "
+                "the minimum (0 turns the deadline off)"
+            )
+        return self
 
 
 class MemoryConfig(_Strict):

@@ -123,6 +123,7 @@ class Code(str, Enum):
     STALLED = "stalled"  # the transfer got no chunk for too long
     MALFORMED = "malformed"  # a message that breaks the wire contract (an OTA chunk's framing, say)
     DOWNLOAD_FAILED = "download_failed"  # a package file's HTTP(S) download failed (status, TLS, network)
+    NO_TRANSFER = "no_transfer"  # cancel: no transfer runs (or not the one named)
     # --- operator tools
     NO_DEVICES = "no_devices"  # `edged push`: no device to push to
     MIRROR_FAILED = "mirror_failed"  # `edged push --mirror`: the package is not (or not right) on the mirror

@@ -23,6 +23,7 @@ OTA_SCHEMA = "edged.ota/1"  # ota/status
 STATUS_SCHEMA = "edged.status/1"  # not in the payload (it predates schema ids): the schema file's $id
 MODEL_STATE_SCHEMA = "edged.model-state/1"
 OTA_OFFER_SCHEMA = "edged.ota_offer/1"  # the cmd/ota arguments; likewise
+OTA_CANCEL_SCHEMA = "edged.ota_cancel/1"  # the cmd/cancel arguments; likewise
 OTA_REQUEST_SCHEMA = "edged.ota_request/1"  # ota/req; likewise
 OTA_CHUNK_HEADER_SCHEMA = "edged.ota_chunk/1"  # an ota/data chunk's header; likewise
 HA_STATE_SCHEMA = "edged.ha_state/1"  # …/ha/<camera>, Home Assistant's state topic
@@ -41,6 +42,7 @@ FILES = {
     MODEL_STATE_SCHEMA: "model_state.schema.json",
     OTA_SCHEMA: "ota_status.schema.json",
     OTA_OFFER_SCHEMA: "ota_offer.schema.json",
+    OTA_CANCEL_SCHEMA: "ota_cancel.schema.json",
     GROUP_OFFER_SCHEMA: "group_offer.schema.json",
     OTA_REQUEST_SCHEMA: "ota_request.schema.json",
     OTA_CHUNK_HEADER_SCHEMA: "ota_chunk.schema.json",
@@ -49,6 +51,10 @@ FILES = {
 }
 
 STATUS_STATES = ("online", "offline", "stopped")  # offline is the last will
+# why an object_ended event's track ended (its `reason`): lost (tracking.max_age frames without a detection),
+# stopped (the daemon stopped), or what broke the camera's picture, which ends all of its tracks: a
+# reconnect, a loop wrap of a file, a stall, a scene cut
+OBJECT_END_REASONS = ("lost", "stopped", "reconnect", "loop", "stall", "scene_cut")
 
 
 @cache
