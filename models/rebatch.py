@@ -7,8 +7,8 @@ does not work. Two patterns cover the exports we have met:
   carries batch 1, so it becomes ``Pad(x)`` along the same axis (zeros, as before).
 - a ``Reshape`` to a constant target that starts with 1 gets 0 ("copy this dimension from the input")
   **only where its input's first dimension is the batch**. Which ones those are is traced, not guessed:
-  the input's batch is made a symbol and ONNX's shape inference (with data propagation) carries it
-  through the graph; a Reshape whose input starts with that symbol is rewritten, then the trace runs
+  the input's batch is set to two primes in turn and ONNX's shape inference (with data propagation) carries it
+  through the graph; a Reshape whose input's first dimension follows both is rewritten, then the trace runs
   again (a rewritten Reshape passes the batch on), until nothing changes. A ``[1, -1]`` Reshape in an
   anchor grid (Ultralytics' meshgrid: its input is a row of x coordinates) is left alone: rewriting it
   transposes the grid of a square input, every shape still right and every box wrong.
@@ -105,7 +105,7 @@ def _concat_constant_to_pad(g: onnx.GraphProto) -> None:
         g.node.remove(filler)
 
 
-BATCH = "__edged_batch__"  # the symbol the trace gives the input's first dimension
+PROBE_BATCHES = (7, 11)  # the batches the trace gives the input: a tensor that follows both is batch-led
 
 
 def _reshape_batch_to_zero(m: onnx.ModelProto) -> None:
@@ -137,29 +137,34 @@ def _reshape_batch_to_zero(m: onnx.ModelProto) -> None:
 
 
 def _batch_led(m: onnx.ModelProto) -> set[str]:
-    """The tensors whose first dimension is the graph input's batch: the input's first dimension made the
-    symbol BATCH, shapes inferred with data propagation (non-strict: a tensor whose shape is unknown is
-    simply not batch-led, and a Reshape on it is left as exported; the value check then decides)."""
-    probe = onnx.ModelProto()
-    probe.CopyFrom(m)
-    inits = {i.name for i in probe.graph.initializer}
-    for t in probe.graph.input:
-        if t.name in inits:
-            continue
-        dims = t.type.tensor_type.shape.dim
-        if dims:
-            dims[0].ClearField("dim_value")
-            dims[0].dim_param = BATCH
-    del probe.graph.value_info[:]
-    for t in probe.graph.output:
-        t.type.tensor_type.ClearField("shape")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
-    except (onnx.shape_inference.InferenceError, ValueError, RuntimeError) as exc:  # a custom op, a >2 GB model
-        raise PackageError(f"cannot trace the batch through the graph: {exc}", code=Code.REBATCH_FAILED) from exc
-    led = set()
-    for v in [*inferred.graph.input, *inferred.graph.value_info]:
-        dims = v.type.tensor_type.shape.dim
-        if v.type.tensor_type.HasField("shape") and dims and dims[0].dim_param == BATCH:
-            led.add(v.name)
-    return led
+    """The tensors whose first dimension is the graph input's batch: shapes inferred (with data propagation)
+    twice, with the input's batch set to two different primes (7 and 11); a tensor whose first dimension is 7,
+    then 11, follows the batch. Concrete sizes rather than a symbol: shape inference keeps a number through
+    ops that lose a symbol (a Resize by scales, a Range). Non-strict: a tensor whose shape is unknown is
+    simply not batch-led, and a Reshape on it is left as exported; the value check then decides."""
+    led: set[str] | None = None
+    for probe_batch in PROBE_BATCHES:
+        probe = onnx.ModelProto()
+        probe.CopyFrom(m)
+        inits = {i.name for i in probe.graph.initializer}
+        for t in probe.graph.input:
+            if t.name in inits:
+                continue
+            dims = t.type.tensor_type.shape.dim
+            if dims:
+                dims[0].ClearField("dim_param")
+                dims[0].dim_value = probe_batch
+        del probe.graph.value_info[:]
+        for t in probe.graph.output:
+            t.type.tensor_type.ClearField("shape")
+        try:
+            inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+        except (onnx.shape_inference.InferenceError, ValueError, RuntimeError) as exc:  # a custom op, > 2 GB
+            raise PackageError(f"cannot trace the batch through the graph: {exc}", code=Code.REBATCH_FAILED) from exc
+        found = set()
+        for v in [*inferred.graph.input, *inferred.graph.value_info]:
+            dims = v.type.tensor_type.shape.dim
+            if v.type.tensor_type.HasField("shape") and dims and dims[0].dim_value == probe_batch:
+                found.add(v.name)
+        led = found if led is None else led & found
+    return led or set()
