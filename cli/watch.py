@@ -54,13 +54,16 @@ def line_for(topic: str, doc: dict[str, Any]) -> str:
     if kind == "telemetry":
         inf = doc.get("inference", {})
         mem = doc.get("memory", {})
-        cams = ", ".join(f"{n} {c.get('state')} {c.get('fps')} fps" for n, c in doc.get("cameras", {}).items())
+        cams = ", ".join(_camera(n, c) for n, c in doc.get("cameras", {}).items())
         return (
             f"telemetry  {inf.get('fps')} inferences/s  infer p50 {inf.get('infer_ms', {}).get('p50')} ms  "
             f"rss {mem.get('rss_mb')} MB (peak {mem.get('peak_rss_mb')})  [{cams}]"
         )
     if kind == "status":
-        return f"status  {doc.get('state')}  model={doc.get('model')}  boot_id={str(doc.get('boot_id'))[:8]}"
+        refused = "".join(
+            f"  REFUSED {r.get('topic')} ({r.get('reason')})" for r in doc.get("refused_subscriptions") or []
+        )
+        return f"status  {doc.get('state')}  model={doc.get('model')}  boot_id={str(doc.get('boot_id'))[:8]}{refused}"
     return f"{topic}  {json.dumps(doc)[:200]}"
 
 
@@ -138,3 +141,8 @@ def watch(
                     file=out,
                 )
     return results
+
+
+def _camera(name: str, c: dict[str, Any]) -> str:
+    refused = c.get("frames_refused")
+    return f"{name} {c.get('state')} {c.get('fps')} fps" + (f" ({refused} too large)" if refused else "")

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .framebound import MAX_FRAME_PIXELS
 from .redact import redact, scrub
 from .zones import MAX_CAMERA_POINTS, polygon_problem
 
@@ -157,6 +158,13 @@ class CameraConfig(StrictModel):
         None,
         description="GStreamer: scale frames to the model's input inside the pipeline; none (auto): only where "
         "the hardware scaler nvvidconv exists (Jetson); in software it saves nothing and costs snapshot detail",
+    )
+    max_frame_pixels: int = Field(
+        MAX_FRAME_PIXELS,
+        ge=64 * 64,
+        le=1 << 30,
+        description="a frame of more pixels (width x height) is refused before it is decoded, counted in telemetry "
+        "(frames_refused); the default is 8K UHD, 7680 x 4320 (100 MB as BGR), the largest edge cameras send",
     )
     rtsp_latency_ms: int = Field(200, ge=0, le=10_000, description="GStreamer rtsp(s)://: jitter buffer latency")
     rtsp_transport: Literal["auto", "tcp", "udp"] = Field(

@@ -28,6 +28,7 @@ from edged.errors import CaptureError
 from edged.protocol.backoff import Backoff
 
 from .config import CameraConfig
+from .framebound import FrameBound
 from .gst import GST_SCHEMES, use_gstreamer
 from .motion import CutDetector
 from .preprocess import Preprocessor, Transform
@@ -84,6 +85,7 @@ class CameraStats:
     reconnects: int = 0
     stalls: int = 0
     errors: int = 0
+    frames_refused: int = 0  # frames over max_frame_pixels, refused before decoding (framebound)
     state: str = "starting"  # starting | up | down | ended | stopped
     last_error: str = ""
     fps_window: list[float] = field(default_factory=list)
@@ -107,7 +109,8 @@ class Camera:
         self.pre = pre
         self.cond = cond
         self._stop = stop
-        self._opener = opener or (lambda c: open_source(c, pre.inner_size, stop))
+        self.bound = FrameBound(cfg.name, cfg.max_frame_pixels)  # its sources refuse (and count) larger frames
+        self._opener = opener or (lambda c: open_source(c, pre.inner_size, stop, self.bound))
         self.throttle = throttle or Throttle()
         self.rows = [pre.new_row() for _ in range(3)]
         self._meta: list[FrameMeta | None] = [None, None, None]
@@ -246,6 +249,7 @@ class Camera:
     def _down(self, reason: str) -> None:
         # what a library put in an exception's text (a URL it was given) must not reach the log or telemetry
         reason = scrub(reason)
+        self.stats.frames_refused = self.bound.refused  # an open refused for its frame size counts too
         if self.stats.state != "down":
             logger.warning("camera %s: down: %s; retrying with backoff", self.name, reason)
         self.stats.state = "down"
@@ -284,6 +288,7 @@ class Camera:
             asked = time.monotonic()
             frame = source.read()
             now = time.monotonic()
+            self.stats.frames_refused = self.bound.refused  # what that read refused before decoding
             if frame is None:
                 if is_file and index > 0:
                     return ("looped" if self.cfg.loop else "ended"), True

@@ -11,6 +11,10 @@ Latest frame wins: a live source's appsink keeps one buffer and drops older ones
 and makes the decoder wait (no frame of a file is lost). A read waits at most ``stall_timeout_s``;
 errors on the bus (401, refused, 404, no such device, caps not negotiated) end the source with the
 reason, credentials scrubbed, so the camera's ``last_error`` says why.
+
+A frame over the camera's ``max_frame_pixels`` (``framebound``) is dropped before the decoder, by the
+size its input's caps announce (what a parser or demuxer read from the stream), and, where no decoder
+announced one (a ``gst://`` pipeline), before its sample is mapped into Python; each is counted.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 from edged.errors import CaptureError
 
 from .config import CameraConfig
+from .framebound import FrameBound
 from .gstpipe import Plan, plan
 from .gstwhy import Tls, connect_reason, describe_certificate_errors, explain
 from .netcam import tls_refusal
@@ -199,6 +204,7 @@ class GstSource:
         stop: threading.Event | None = None,
         shown: str = "",
         tls: Tls | None = None,
+        bound: FrameBound | None = None,
     ) -> None:
         gst, glib, why = _load()
         if gst is None:
@@ -209,6 +215,10 @@ class GstSource:
         self.codec = ""  # the source's caps name (video/x-h264 …), for --probe-cameras
         self.decoder = ""  # the decoder decodebin chose (nvv4l2decoder = hardware)
         self._src_size: tuple[int, int] | None = None
+        self._bound = bound or FrameBound(shown)
+        self._coded_size: tuple[int, int] | None = None  # what the decoder's input caps announce
+        self._coded_framed = False  # its buffers are whole frames (parsed); else a refused size counts once
+        self._coded_counted = False
         self._target_size = target_size
         self._live = p.live
         self._nvmm = p.nvmm
@@ -220,6 +230,7 @@ class GstSource:
         # what the probes (on GStreamer's streaming threads) compare and return, looked up once here: a probe
         # running at interpreter exit cannot look them up ("no attribute 'CAPS'")
         self._caps_event, self._probe_ok, self._no_pts = gst.EventType.CAPS, gst.PadProbeReturn.OK, gst.CLOCK_TIME_NONE
+        self._probe_drop = gst.PadProbeReturn.DROP
         # every probe and signal handler connected here holds this object, which holds the pipeline: a
         # cycle through C that Python's collector cannot see. `close` undoes them, or the closed pipeline
         # (its bus's socket pair, its decoder's buffers) outlived it: 4 fds and 1-4 MB at every reopen.
@@ -234,16 +245,24 @@ class GstSource:
             self.pipeline = gst.parse_launch(p.description)
         except glib.Error as exc:
             raise CaptureError(f"{shown}: bad pipeline: {scrub(str(exc.message))}") from exc
+        refused, bound_px = self._bound.refused, self._bound.max_pixels
         try:
             self._build(p)
             if self.pipeline.set_state(gst.State.PLAYING) == gst.StateChangeReturn.FAILURE:
                 self._raise_bus_error(f"{shown}: the pipeline would not start")
             self._pending = self._pull(timeout_s)
+        except CaptureError as exc:
+            self.close()
+            if self._bound.refused > refused:  # it ended (or failed) having sent only frames over the bound
+                raise CaptureError(f"{exc}; its frames were over max_frame_pixels {bound_px}") from exc
+            raise
         except BaseException:
             self.close()
             raise
         if self._pending is None:
             self.close()
+            if self._bound.refused > refused:
+                raise CaptureError(f"{shown}: no frame: its frames are over max_frame_pixels {bound_px}")
             if self._live and p.props.get("location"):  # a network camera: connected, or not, and then silent
                 raise CaptureError(f"{shown}: no answer (no frame) within {timeout_s:g} s")
             raise CaptureError(f"{shown}: no frame within {timeout_s:g} s of opening")
@@ -309,13 +328,38 @@ class GstSource:
         if factory is None:
             return
         klass = factory.get_metadata("klass") or ""
-        if "Decoder" in klass and "Video" in klass:
-            self.decoder = factory.get_name()
+        if "Decoder" in klass and ("Video" in klass or "Image" in klass):  # jpegdec is Codec/Decoder/Image
             pad = element.get_static_pad("sink")
-            if pad is not None:
-                caps = pad.get_current_caps() or pad.query_caps(None)
-                if caps is not None and caps.get_size():
-                    self.codec = caps.get_structure(0).get_name()
+            if "Video" in klass:
+                self.decoder = factory.get_name()
+                if pad is not None:
+                    caps = pad.get_current_caps() or pad.query_caps(None)
+                    if caps is not None and caps.get_size():
+                        self.codec = caps.get_structure(0).get_name()
+            if pad is not None:  # the bound, before decoding: by the size the decoder's input caps announce
+                gst = self._gst
+                self._hooks.append((pad, pad.add_probe(gst.PadProbeType.EVENT_DOWNSTREAM, self._on_coded_caps), True))
+                self._hooks.append((pad, pad.add_probe(gst.PadProbeType.BUFFER, self._on_coded_buffer), True))
+
+    def _on_coded_caps(self, _pad: Any, info: Any) -> Any:
+        event = info.get_event()
+        if event.type == self._caps_event:
+            s = event.parse_caps().get_structure(0)
+            ok_w, w = s.get_int("width")
+            ok_h, h = s.get_int("height")
+            self._coded_size = (w, h) if ok_w and ok_h else None
+            self._coded_framed = any(s.get_boolean(k) == (True, True) for k in ("parsed", "framed"))
+            self._coded_counted = False
+        return self._probe_ok
+
+    def _on_coded_buffer(self, _pad: Any, _info: Any) -> Any:
+        size = self._coded_size
+        if size is None or size[0] * size[1] <= self._bound.max_pixels:
+            return self._probe_ok
+        if self._coded_framed or not self._coded_counted:  # unparsed buffers are chunks: the size counts once
+            self._bound.allows(*size)  # counts and logs the refusal
+            self._coded_counted = True
+        return self._probe_drop  # never decoded
 
     def _on_caps(self, pad: Any, info: Any) -> Any:
         event = info.get_event()
@@ -394,7 +438,10 @@ class GstSource:
             # after the end, what the appsink still holds (a file's last frame) is taken first
             sample = self.sink.try_pull_sample(0 if ended else int(POLL_S * 1e9))
             if sample is not None:
-                return self._frame(sample)
+                caps = sample.get_caps().get_structure(0)
+                if self._bound.allows(caps.get_value("width"), caps.get_value("height")):
+                    return self._frame(sample)
+                continue  # over the bound (counted there): never mapped into Python; the next may be fine
             if ended or self.sink.is_eos():
                 self._check_bus()  # an error posted with the end is the reason
                 if self._live:
@@ -481,10 +528,11 @@ def open_gst(
     target_size: Any = None,
     stop: threading.Event | None = None,
     tls: Tls | None = None,
+    bound: FrameBound | None = None,
 ) -> GstSource:
     p = plan(uri, have(), latency_ms, transport, timeout_s)
     try:
-        return GstSource(p, timeout_s, target_size if p.scalable else None, stop, shown, tls)
+        return GstSource(p, timeout_s, target_size if p.scalable else None, stop, shown, tls, bound)
     except CaptureError as exc:
         if uri.startswith("rtsp") and "Failed to connect" in str(exc):
             why = connect_reason(uri, timeout_s)

@@ -12,6 +12,8 @@ So:
   request on a socket with timeouts, each part's JPEG decoded by ``cv2.imdecode`` at its own size.
   No FFmpeg, no shared lock, and a camera that changes resolution mid-stream gives frames of the new
   size (FFmpeg's backend rescales every frame to the first one's size, so sizes and boxes were wrong).
+  A part is decoded only when its JPEG frame header says a size within the camera's ``max_frame_pixels``
+  (``framebound``): a 16,000 x 16,000 JPEG of a few MB is refused, counted, without being decoded.
 - Any other network source (``rtsp://``; HLS or a video file over ``http://``) still goes through
   FFmpeg, but only after the server has answered here, within the open timeout: an RTSP ``DESCRIBE``,
   or the HTTP response itself. A server that accepts and never answers is caught without taking
@@ -37,6 +39,7 @@ import numpy as np
 
 from edged.errors import CaptureError
 
+from .framebound import FrameBound, jpeg_size
 from .redact import redact
 
 __all__ = ["MjpegSource", "open_http", "probe_rtsp", "redact"]
@@ -70,14 +73,20 @@ class MjpegSource:
     scaled_from: tuple[int, int] | None = None  # frames come at their own size
 
     def __init__(
-        self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, boundary: bytes, timeout_s: float
+        self,
+        conn: http.client.HTTPConnection,
+        resp: http.client.HTTPResponse,
+        boundary: bytes,
+        timeout_s: float,
+        bound: FrameBound,
     ) -> None:
         self._conn = conn
         self._resp = resp
         self._timeout_s = timeout_s
         self._delim = b"--" + boundary
         self._buf = bytearray()
-        self.bad_parts = 0  # parts that were not a decodable image (skipped)
+        self.bound = bound  # frames over its pixels are refused (counted there) before decoding
+        self.bad_parts = 0  # parts that were not a decodable JPEG (skipped)
 
     def read(self) -> np.ndarray | None:
         deadline = time.monotonic() + self._timeout_s
@@ -88,11 +97,17 @@ class MjpegSource:
                 return None
             if data is None:
                 return None
+            size = jpeg_size(data)
+            if size is None:  # no JPEG frame header: not decoded (cv2 would decode a PNG of any size)
+                self.bad_parts += 1
+                continue
+            if not self.bound.allows(*size):
+                continue  # counted and logged there; the next part may be a camera's usual frame
             frame = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
             if frame is not None:
                 out: np.ndarray = frame
                 return out
-            self.bad_parts += 1  # a torn or non-image part: the next one may be fine
+            self.bad_parts += 1  # a torn part: the next one may be fine
         return None
 
     def close(self) -> None:
@@ -145,10 +160,11 @@ class MjpegSource:
         return data
 
 
-def open_http(uri: str, timeout_s: float) -> MjpegSource | None:
+def open_http(uri: str, timeout_s: float, bound: FrameBound | None = None) -> MjpegSource | None:
     """Ask an http(s):// camera for its stream, every step bounded by `timeout_s`. An MJPEG stream is
-    returned ready to read; None means the server answered with something else (HLS, a video file, a
-    Digest challenge) for FFmpeg to open. Raises CaptureError when it does not answer or refuses."""
+    returned ready to read, refusing frames over `bound` (by default, `framebound.MAX_FRAME_PIXELS`); None
+    means the server answered with something else (HLS, a video file, a Digest challenge) for FFmpeg to
+    open. Raises CaptureError when it does not answer or refuses."""
     host, port = _address(uri, 443 if uri.startswith("https") else 80)
     parts = urlsplit(uri)
     if parts.scheme == "https":
@@ -191,7 +207,8 @@ def open_http(uri: str, timeout_s: float) -> MjpegSource | None:
     if conn.sock is not None:
         conn.sock.settimeout(timeout_s)  # from here, a read that waits this long is a stall
     # Some cameras write the boundary parameter with the leading "--" of the delimiter in it.
-    return MjpegSource(conn, resp, boundary.removeprefix("--").encode("latin-1"), timeout_s)
+    bound = bound if bound is not None else FrameBound(redact(uri))
+    return MjpegSource(conn, resp, boundary.removeprefix("--").encode("latin-1"), timeout_s, bound)
 
 
 def probe_rtsp(uri: str, timeout_s: float, ca_file: Path | None = None, verify: bool = True) -> None:

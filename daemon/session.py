@@ -15,7 +15,10 @@
   plus `PACKET_HEADROOM`), so a conforming broker drops anything bigger before it is sent: junk on our
   topics never reaches paho, which reads every packet whole into memory.
 - What comes in is the `Inbox`'s business (daemon/inbox.py): it names the subscriptions made at every
-  connect and routes each message.
+  connect and routes each message. Every subscription's SUBACK is checked: one the broker refuses (a reason
+  code >= 0x80, e.g. 0x87 Not authorized by its ACL) is logged as an error naming the topic and the reason,
+  and the retained status lists it (`refused_subscriptions`) until a later SUBACK grants it; a device that
+  cannot hear its commands says so instead of looking healthy.
 - The client is `DeviceClient` (daemon/mqtt_client.py): paho with its per-PUBACK decoding and debug
   lines cut, and the publisher thread's packets written by the network thread.
 
@@ -80,6 +83,9 @@ class Session:
         self.last_error = ""
         self.last_net_progress = time.monotonic()
         self.spool_state = "ok"  # "failing" while storage operations fail (the publisher's; status shows it)
+        # topic filter -> (the broker's reason, its code) for each subscription its last SUBACK refused
+        self.refused_subscriptions: dict[str, tuple[str, int]] = {}
+        self._asked: dict[int, tuple[str, int]] = {}  # SUBSCRIBE message id -> (topic, QoS); network thread only
         client = make_client(
             cfg,
             cfg.client_id or f"edged-{device_id}",
@@ -90,6 +96,7 @@ class Session:
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
         self.client.on_log = self._on_log
         self._disconnected = threading.Event()  # our DISCONNECT was written (or the connection was lost)
         self._closing = threading.Event()  # disconnect() was called: the network thread connects no more
@@ -104,7 +111,15 @@ class Session:
         return self.client.publish(topics.status(self.root), self._status_json(state), qos=1, retain=True)
 
     def _status_json(self, state: str) -> bytes:
-        doc = status_doc(state, __version__, self.boot_id, self.since, self.spool_state, self._status_extra())
+        doc = status_doc(
+            state,
+            __version__,
+            self.boot_id,
+            self.since,
+            self.spool_state,
+            self._status_extra(),
+            refused_subscriptions=dict(self.refused_subscriptions),
+        )
         return json.dumps(doc).encode()
 
     # --- paho callbacks (network thread); no exception may escape ----------------------------
@@ -128,8 +143,11 @@ class Session:
         self.publish_status("online")
         for suffix, payload in list(self._retained.items()):
             client.publish(self.topic(suffix), payload, qos=1, retain=True)
+        self._asked.clear()  # a SUBACK of the last connection never comes now
         for topic, qos in self.inbox.subscriptions():
-            client.subscribe(topic, qos=qos)
+            sent, mid = client.subscribe(topic, qos=qos)
+            if sent == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
+                self._asked[mid] = (topic, qos)  # its SUBACK comes on this thread, after this callback
 
     def _on_disconnect(
         self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Properties | None
@@ -141,6 +159,33 @@ class Session:
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         self.inbox.dispatch(msg)
+
+    def _on_subscribe(
+        self, client: mqtt.Client, userdata: Any, mid: int, codes: list[ReasonCode], props: Properties | None
+    ) -> None:
+        asked = self._asked.pop(mid, None)
+        if asked is None:
+            return
+        topic, qos = asked
+        code = codes[0] if codes else None
+        before = self.refused_subscriptions.get(topic)
+        if code is None or code.is_failure:
+            value = code.value if code is not None else 0x80
+            reason = str(code) if code is not None else "a SUBACK without a reason code"
+            self.refused_subscriptions[topic] = (reason, value)
+            logger.error(
+                "mqtt: the broker refused our subscription to %s: %s (0x%02x); messages on it do not reach this "
+                "device (check the broker's ACL for this client)",
+                topic,
+                reason,
+                value,
+            )
+        else:
+            self.refused_subscriptions.pop(topic, None)
+            if code.value < qos:
+                logger.warning("mqtt: the broker granted %s at QoS %d, not %d", topic, code.value, qos)
+        if self.refused_subscriptions.get(topic) != before:
+            self.publish_status("online")  # the retained status says what is refused (or no longer)
 
     def _on_log(self, client: mqtt.Client, userdata: Any, level: int, buf: str) -> None:
         if level == mqtt.MQTT_LOG_ERR and buf.startswith("failed to receive on socket"):

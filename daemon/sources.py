@@ -22,6 +22,7 @@ from edged.errors import CaptureError
 
 from . import gst
 from .config import CameraConfig
+from .framebound import FrameBound
 from .gst import use_gstreamer
 from .gstpipe import csi_options, file_path, v4l2_options
 from .gstwhy import Tls
@@ -43,13 +44,21 @@ class Source(Protocol):
 
 
 class OpenCvSource:
+    """A cv2.VideoCapture. FFmpeg decodes inside the open, so `bound` is checked on the size the open reports:
+    a source over it is refused (CaptureError); FFmpeg's backend scales every later frame to that size."""
+
     scaled_from: tuple[int, int] | None = None
 
-    def __init__(self, target: str | int, api: int, params: list[int]) -> None:
+    def __init__(self, target: str | int, api: int, params: list[int], bound: FrameBound | None = None) -> None:
+        shown = redact(target) if isinstance(target, str) else repr(target)
         self._cap = cv2.VideoCapture(target, api, params)
         if not self._cap.isOpened():
             self._cap.release()
-            raise CaptureError(f"cannot open {redact(target) if isinstance(target, str) else target!r}")
+            raise CaptureError(f"cannot open {shown}")
+        w, h = int(self._cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(self._cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        if bound is not None and not bound.allows(w, h):
+            self._cap.release()
+            raise CaptureError(f"{shown}: frames of {w}x{h} are over max_frame_pixels {bound.max_pixels}")
         fps = float(self._cap.get(cv2.CAP_PROP_FPS) or 0.0)
         self.fps = fps if 0 < fps < 1000 else 0.0
 
@@ -132,11 +141,14 @@ def open_source(
     cam: CameraConfig,
     spec_size: Callable[[int, int], tuple[int, int]] | None = None,
     stop: threading.Event | None = None,
+    bound: FrameBound | None = None,
 ) -> Source:
     """Open the camera's URI; raise CaptureError with the reason when it cannot be opened. Messages
     name the camera by its display form (`cam.display`: no credentials). `spec_size`: the size a
-    source of (w, h) is scaled to for the model, for the GStreamer path to scale in the pipeline."""
+    source of (w, h) is scaled to for the model, for the GStreamer path to scale in the pipeline.
+    `bound`: the camera's max_frame_pixels, which counts what it refuses (by default, one of its own)."""
     shown = cam.display
+    bound = bound if bound is not None else FrameBound(cam.name, cam.max_frame_pixels)
     scheme, rest = cam.uri.split("://", 1)
     timeout_ms = int(cam.stall_timeout_s * 1000)
     net = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
@@ -165,9 +177,10 @@ def open_source(
             spec_size if _scale_in_pipeline(cam) else None,
             stop,
             Tls(cam.tls_ca_file, cam.tls_verify),
+            bound,
         )
     if scheme == "file":
-        return OpenCvSource(str(file_path(cam.uri)), cv2.CAP_FFMPEG, [])
+        return OpenCvSource(str(file_path(cam.uri)), cv2.CAP_FFMPEG, [], bound)
     if scheme == "v4l2":
         o = v4l2_options(cam.uri)
         params: list[int] = []
@@ -178,16 +191,16 @@ def open_source(
                 params += [prop, value]
         if o.fps:
             params += [cv2.CAP_PROP_FPS, o.fps]
-        return OpenCvSource(o.device, cv2.CAP_V4L2, params)
+        return OpenCvSource(o.device, cv2.CAP_V4L2, params, bound)
     # Network sources: the server must answer here, within the open timeout, before FFmpeg's open
     # (which holds a lock every other camera's open waits on) is tried; MJPEG needs no FFmpeg at all.
     uri = _with_password(cam)
     if scheme in {"http", "https"}:
-        mjpeg = open_http(uri, cam.stall_timeout_s)
-        return mjpeg if mjpeg is not None else OpenCvSource(uri, cv2.CAP_FFMPEG, net)
+        mjpeg = open_http(uri, cam.stall_timeout_s, bound)
+        return mjpeg if mjpeg is not None else OpenCvSource(uri, cv2.CAP_FFMPEG, net, bound)
     if scheme in {"rtsp", "rtsps"}:
         probe_rtsp(uri, cam.stall_timeout_s, cam.tls_ca_file, cam.tls_verify)
-        return OpenCvSource(uri, cv2.CAP_FFMPEG, net)
+        return OpenCvSource(uri, cv2.CAP_FFMPEG, net, bound)
     if scheme in {"csi", "gst"}:
         if not _has_gstreamer():
             raise CaptureError(f"{shown}: {NO_GST.format(scheme=scheme)}")
@@ -201,7 +214,7 @@ def open_source(
             )
         else:
             pipeline = rest
-        return OpenCvSource(pipeline, cv2.CAP_GSTREAMER, [])
+        return OpenCvSource(pipeline, cv2.CAP_GSTREAMER, [], bound)
     raise CaptureError(f"{shown}: unsupported scheme {scheme}://")
 
 

@@ -6,7 +6,8 @@ at a clean stop; rates (fps) are over the time since the previous document. `sta
 has stopped (`edged run` prints it).
 
     {"schema": "edged.telemetry/1", "device", "boot_id", "ts", "uptime_s",
-     "cameras": {<name>: {state, fps, frames, drops, reconnects, stalls, errors, capture_to_result_ms,
+     "cameras": {<name>: {state, fps, frames, drops, reconnects, stalls, errors, frames_refused,
+                          capture_to_result_ms,
                           [events, events_dropped, snapshots_dropped: cameras that publish object events]}},
      "inference": {backend, model, swaps, batch, fps, batches, rows, padded_rows, errors, infer_ms, ...},
      "mqtt": {...}, "memory": {rss_mb, peak_rss_mb, model_mb, budget_mb, ...}, "governor": {...},
@@ -124,6 +125,7 @@ class Telemetry:
                 "reconnects": s.reconnects,
                 "stalls": s.stalls,
                 "errors": s.errors,
+                "frames_refused": s.frames_refused,
                 "capture_to_result_ms": self.cam_latency[c.name].percentiles(),
             }
             if c.name in self.loop.gates:  # motion-gated: frames skipped while nothing moved

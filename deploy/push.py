@@ -111,6 +111,8 @@ class Pusher:
         self._subs: list[str] = [self.replies]
         self._unacked: set[int] = set()  # SUBSCRIBE message ids the broker has not acknowledged yet
         self._early_acks: set[int] = set()  # SUBACKs that came before subscribe() returned their id
+        self._topic_of: dict[int, str] = {}  # SUBSCRIBE message id -> its topic, to name a refusal
+        self._refused: dict[int, str] = {}  # SUBSCRIBE message id -> the failure reason codes of its SUBACK
         self._statuses: dict[str, dict[str, Any]] = {}
         self._connected = threading.Event()
         self.client = make_client(mqtt_cfg, f"edged-push-{self.transfer}")
@@ -169,27 +171,31 @@ class Pusher:
         self._reconnect.reset()
         self._jitter_reconnect()  # the wait after the next loss: the first step again
         for topic in list(self._subs):  # again after every reconnect (a broker restart forgets them)
-            self._track(client.subscribe(topic, qos=1)[1])
+            self._track(client.subscribe(topic, qos=1)[1], topic)
         self._connected.set()
 
     def _subscribe(self, topic: str) -> None:
         self._subs.append(topic)
         _, mid = self.client.subscribe(topic, qos=1)
-        self._track(mid)
+        self._track(mid, topic)
 
-    def _track(self, mid: int | None) -> None:
+    def _track(self, mid: int | None, topic: str) -> None:
         """Wait for this SUBSCRIBE's SUBACK in `_subscribed` — unless it came already: paho's network thread can
         run `_on_subscribe` before `subscribe()` has returned the id here."""
         if mid is None:  # not connected; on_connect subscribes again
             return
         with self._lock:
+            self._topic_of[mid] = topic
             if mid in self._early_acks:
                 self._early_acks.discard(mid)
             else:
                 self._unacked.add(mid)
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, codes: Any, props: Any) -> None:
+        failed = [str(c) for c in codes if getattr(c, "is_failure", False)]
         with self._lock:
+            if failed:  # named by its topic in `_subscribed` (the SUBACK can beat subscribe()'s return)
+                self._refused[mid] = ", ".join(failed)
             if mid in self._unacked:
                 self._unacked.discard(mid)
             else:
@@ -200,6 +206,12 @@ class Pusher:
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             with self._lock:
+                if self._refused:
+                    what = "; ".join(f"{self._topic_of.get(m, f'id {m}')} ({r})" for m, r in self._refused.items())
+                    raise PublishError(
+                        f"the broker refused our subscription to {what}: without it no device's answer reaches us; "
+                        "check the broker's ACL for this user"
+                    )
                 if not self._unacked:
                     return
             time.sleep(0.02)

@@ -109,11 +109,25 @@ def result_doc(
 
 
 def status_doc(
-    state: str, version: str, boot_id: str, since: str, spool: str, extra: dict[str, Any] | None = None
+    state: str,
+    version: str,
+    boot_id: str,
+    since: str,
+    spool: str,
+    extra: dict[str, Any] | None = None,
+    *,
+    refused_subscriptions: dict[str, tuple[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """The retained ``…/status`` document; `extra` is what the daemon adds (model, groups)."""
+    """The retained ``…/status`` document; `extra` is what the daemon adds (model, groups).
+    `refused_subscriptions`: topic filter -> (reason, code) of each subscription the broker refused in its
+    SUBACK; listed (``refused_subscriptions``) only when there is one."""
     if state not in STATUS_STATES:
         raise ValueError(f"status state {state!r}; one of {', '.join(STATUS_STATES)}")
     doc: dict[str, Any] = {"state": state, "version": version, "boot_id": boot_id, "since": since, "spool": spool}
     doc.update(extra or {})
+    if refused_subscriptions:
+        doc["refused_subscriptions"] = [
+            {"topic": topic, "reason": reason, "code": code}
+            for topic, (reason, code) in sorted(refused_subscriptions.items())
+        ]
     return doc

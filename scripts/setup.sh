@@ -11,6 +11,7 @@ command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 command -v mosquitto_sub >/dev/null || need+=(mosquitto-clients)  # mosquitto_sub/_pub, docs/subscriber.md's examples
+[ -f /usr/include/mosquitto_plugin.h ] || need+=(mosquitto-dev)  # headers: tests/test_suback.py builds a broker plugin that refuses a SUBSCRIBE
 command -v npm >/dev/null || need+=(npm)
 command -v systemd-analyze >/dev/null || need+=(systemd)  # unit checks only; systemd is never booted here
 # The GStreamer capture path (daemon/gst.py) and its tests: GStreamer, its plugins, PyGObject, and

@@ -1,6 +1,7 @@
 """An MJPEG-over-HTTP camera for tests (what many IP cameras serve): multipart JPEG frames.
 
     python mjpeg_server.py PORT [--fps N] [--hang-after K] [--still VIDEO:N] [--switch-after K --pad-to WxH]
+                                [--big JPEG --big-every K]
 
 --hang-after K stops sending after K frames but keeps the connection open (a stalled camera).
 --still VIDEO:N serves frame N of VIDEO (e.g. the demo video, whose faces are at known places) again
@@ -9,7 +10,8 @@ mid-stream, as a camera reconfigured from its web page does: from the K-th frame
 on, every frame is the original one centred on a WxH canvas (so a face moves by the known offset
 ((W - w) // 2, (H - h) // 2) and keeps its size). --no-length leaves out each part's Content-Length
 (the part then ends at the next boundary, which some cameras rely on). --auth USER:PASS answers 401
-(Basic) to a request without those credentials.
+(Basic) to a request without those credentials. --big JPEG --big-every K sends the file JPEG (its bytes as
+they are: a huge frame of few bytes) as every K-th frame of each connection, between the usual ones.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import base64
 import socketserver
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -65,8 +68,12 @@ class Handler(BaseHTTPRequestHandler):
     pad_to: tuple[int, int] | None = None
     with_length = True
     auth: str | None = None  # "Basic <base64 of user:pass>" that a request must carry
+    big: bytes | None = None  # a JPEG sent as every `big_every`-th frame
+    big_every = 0
 
     def frame(self, n: int) -> bytes:
+        if self.big is not None and self.big_every and n % self.big_every == self.big_every - 1:
+            return self.big
         img = card(n) if self.image is None else self.image
         if self.pad_to is not None and n >= self.switch_after:
             img = padded(img, self.pad_to)
@@ -116,6 +123,8 @@ if __name__ == "__main__":
     ap.add_argument("--pad-to", help="WxH: from --switch-after on, frames centred on a canvas this size")
     ap.add_argument("--no-length", action="store_true")
     ap.add_argument("--auth", help="USER:PASS: answer 401 without these Basic credentials")
+    ap.add_argument("--big", help="a JPEG file to send as every --big-every-th frame")
+    ap.add_argument("--big-every", type=int, default=0)
     a = ap.parse_args()
     Handler.fps, Handler.hang_after = a.fps, a.hang_after
     Handler.image = still(a.still) if a.still else None
@@ -124,5 +133,7 @@ if __name__ == "__main__":
         w, h = a.pad_to.lower().split("x")
         Handler.pad_to = (int(w), int(h))
     Handler.with_length = not a.no_length
+    Handler.big = Path(a.big).read_bytes() if a.big else None
+    Handler.big_every = a.big_every
     Handler.auth = "Basic " + base64.b64encode(a.auth.encode()).decode() if a.auth else None
     Server(("127.0.0.1", a.port), Handler).serve_forever()
