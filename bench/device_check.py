@@ -14,9 +14,9 @@ On a machine with TensorRT, pycuda and an NVIDIA GPU, in one run, on the demo Bl
   eta        the daemon end to end (`edged run --duration`, synthetic cameras so decoding is not the bound,
              its own count of results while serving) against a tight loop over the same engine:
              eta = e2e / raw
-  int8       a calibrated INT8 build with Python warnings as errors (-W error): TensorRT's entropy
-             calibrator on 8.6-10.11, `edged quantize --target tensorrt` (Q/DQ, with its search for the
-             layers to keep in float) on 10.12+; its outputs against ONNX Runtime's on the float model
+  int8       `build-engine --calib` on the float model with Python warnings as errors (-W error):
+             edged's Q/DQ quantizer (with its search for the layers to keep in float), no TensorRT
+             calibrator on any version; its outputs against ONNX Runtime's on the float model
              (cosine >= 0.95)
 
 Every step prints PASS, FAIL or SKIP with its reason; `--dry-run REASON` skips them all (exit 0). Exit 1
@@ -127,7 +127,7 @@ def _prepare(tmp: Path) -> Env:
 
     reason = tensorrt_unavailable_reason()
     if reason:
-        raise Skip(f"needs TensorRT, pycuda and an NVIDIA GPU: {reason}")
+        raise Skip(f"needs TensorRT, a CUDA binding (cuda-python or pycuda) and an NVIDIA GPU: {reason}")
     from edged.daemon.backends.trt_api import device_facts, parse_version
     from edged.models.demo import fetch_demo
 
@@ -174,33 +174,28 @@ def _open(pkg: Any) -> Any:
 
 class Probe:
     """Free device memory and this thread's CUDA context-stack depth, through a primary context it retains
-    (so the engines' retain/release never destroys the context between two readings)."""
+    (so the engines' retain/release never destroys the context between two readings), with the CUDA binding
+    the backend uses (cuda_api: cuda-python, else pycuda)."""
 
     def __init__(self) -> None:
-        from edged.daemon.backends.trt_api import load_modules
+        from edged.daemon.backends.cuda_api import load_cuda
 
-        self.cuda = load_modules().cuda
-        self.ctx = self.cuda.Device(0).retain_primary_context()
+        self.cuda = load_cuda()
+        self.cuda.init()
+        self.ctx = self.cuda.retain_primary(0)
 
     def depth(self) -> int:
-        cuda, stack = self.cuda, []
-        while (c := cuda.Context.get_current()) is not None:
-            stack.append(c)
-            cuda.Context.pop()
-        for c in reversed(stack):
-            c.push()
-        return len(stack)
+        return self.cuda.stack_depth()
 
     def free_bytes(self) -> int:
-        self.ctx.push()
+        self.cuda.push(self.ctx)
         try:
-            free, _total = self.cuda.mem_get_info()
-            return int(free)
+            return self.cuda.mem_get_info()[0]
         finally:
-            self.ctx.pop()
+            self.cuda.pop()
 
     def close(self) -> None:
-        self.ctx.detach()
+        self.cuda.release(self.ctx)
 
 
 def _on_thread(work: Callable[[], T]) -> T:
@@ -235,10 +230,13 @@ def step_loop(env: Env) -> str:
                         backend.infer(feed)
                 if cycle % 10 == 0:
                     frees.append(probe.free_bytes())
-                    depths.append(probe.depth())
+                    # this thread's stack, and the one the engine's own CUDA thread ended with
+                    depths.append(probe.depth() + (getattr(backend, "cuda_stack_depth", None) or 0))
                     env.say(
                         f"    cycle {cycle:>2}: free device memory {frees[-1] / MIB:,.1f} MiB "
-                        f"({(frees[-1] - frees[0]) / MIB:+.1f} MiB since cycle 10), context-stack depth {depths[-1]}"
+                        f"({(frees[-1] - frees[0]) / MIB:+.1f} MiB since cycle 10), context-stack depth {depths[-1]} "
+                        f"(this thread {probe.depth()}, the engine's CUDA thread at close "
+                        f"{getattr(backend, 'cuda_stack_depth', None)}; {probe.cuda.binding})"
                     )
             drift = (max(frees) - min(frees)) / MIB
             if drift > LOOP_FLAT_MIB or any(depths):
@@ -295,16 +293,9 @@ def step_int8(env: Env) -> str:
     src = env.demo.packages["blazeface-back"].root
     video = str(env.demo.video)
     out = env.tmp / "int8"
-    if env.trt_version[:2] >= (10, 12):  # strongly typed: the scales come from a Q/DQ model
-        qdq = env.tmp / "qdq"
-        frames = ["--calib", video, "--calib-frames", "32", "--eval", video, "--eval-frames", "16"]
-        _edged(["quantize", str(src), "--target", "tensorrt", *frames, "--out", str(qdq), "--force"])
-        _edged(["build-engine", str(qdq), "--out", str(out), *CHECK_BUILD], env.tmp / "timing.cache")
-        how = "Q/DQ from edged quantize --target tensorrt, built strongly typed"
-    else:
-        calibrated = ["--precision", "int8", "--calib", video, *CHECK_BUILD]
-        _edged(["build-engine", str(src), "--out", str(out), *calibrated], env.tmp / "timing.cache")
-        how = "TensorRT's entropy calibrator"
+    calibrated = ["--calib", video, "--calib-frames", "32", *CHECK_BUILD]
+    _edged(["build-engine", str(src), "--out", str(out), *calibrated], env.tmp / "timing.cache")
+    how = "build-engine --calib: Q/DQ by edged's quantizer, checked against float, no calibrator"
     manifest = json.loads((out / "manifest.json").read_text())
     if manifest.get("precision") != "int8":
         raise Fail(f"the package says precision {manifest.get('precision')}, not int8")

@@ -75,12 +75,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "build-engine",
         help="TensorRT engine package from an ONNX model (on a GPU machine of the target type)",
         description="Build a fixed-batch TensorRT engine (FP16, or INT8 from a QDQ model made with "
-        "`edged quantize --target tensorrt`) and package it with the facts it needs: TensorRT version, "
+        "`edged quantize --target tensorrt` or from a float model and --calib frames) and package it with the "
+        "facts it needs: TensorRT version, "
         "compute capability, L4T release, platform, batch, device memory. A model with several fixed batches "
         "(`edged model init --batch 1,4`) gets one engine per batch, each built with the same precision and "
         "options (the daemon runs the smallest that covers the frames ready). The ONNX model rides along so a "
-        "device that cannot load the engine can rebuild it. Needs tensorrt and pycuda (pip install "
-        "'edged[tensorrt]' on top of JetPack's TensorRT).",
+        "device that cannot load the engine can rebuild it. Needs tensorrt and a CUDA binding "
+        "(cuda-python: pip install 'edged[tensorrt]' on top of JetPack's TensorRT).",
     )
     be.add_argument("model", type=Path, help="a model package (folder or tar), or an .onnx file with --spec")
     be.add_argument("--spec", type=Path, help="manifest giving input spec, decoder and labels for a bare .onnx")
@@ -126,9 +127,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     be.add_argument(
         "--calib",
         type=Path,
-        help="int8 from a float model only: frames for TensorRT's entropy calibrator (a fallback; prefer "
-        "`edged quantize --target tensorrt`); its cache is kept beside --out",
+        help="int8 from a float model: calibration frames (a folder of images or a video). edged quantizes the "
+        "model with Q/DQ on them (as `edged quantize --target tensorrt`, with its float-block search), checks "
+        "it against the float model on the same frames, and builds the engine from it on every TensorRT "
+        "version; not trtexec's --calib, which reads a calibration cache",
     )
+    be.add_argument("--calib-frames", type=int, default=64, metavar="N", help="frames spread over --calib (64)")
     be.set_defaults(func=_build_engine)
 
 
@@ -207,6 +211,7 @@ def _build_engine(args: argparse.Namespace) -> int:
         dla_core=args.dla_core,
         carry_onnx=not args.no_onnx,
         calib=args.calib,
+        calib_frames=args.calib_frames,
         options=options,
         batches=parse_batches(args.batch) if args.batch else None,
         progress=lambda m: print(f"build-engine: {m}", file=sys.stderr, flush=True),

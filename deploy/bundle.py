@@ -5,8 +5,9 @@
                                 signed like model packages
       SHA256SUMS                the same hashes for `sha256sum -c` (install.sh checks them first)
       install.sh  firstboot.sh  the installer (see install.sh --help)
-      wheels/                   edged and its dependencies for the target's Python and CPU, plus what
-                                check/gpu-check.sh installs besides (pytest and its plugins)
+      wheels/                   edged and its dependencies for the target's Python and CPU (on a Jetson,
+                                cuda-python too), plus what check/gpu-check.sh installs besides (pytest
+                                and its plugins)
       requirements.txt          what install.sh installs from wheels/
       check/                    scripts/gpu-check.sh with the tests it runs: the TensorRT checks on the
                                 device, offline, from this bundle alone (plus the demo assets)
@@ -28,12 +29,13 @@ TensorRT's bindings (python3-libnvinfer) live in /usr/lib/python3/dist-packages.
   against numpy 1.x, and a numpy 2 in the venv would shadow the system's and break both. The system
   numpy (Ubuntu 22.04's 1.21.5) is older than edged's and ONNX Runtime's floor, so the venv carries
   numpy 1.26 from the bundle; 1.x keeps the ABI JetPack's modules were built for;
-- pycuda is built on the device at install (edged-firstboot / install.sh): PyPI has no aarch64 wheel,
-  and the build needs the device's own CUDA (nvcc and libcuda of its JetPack release), which a build
-  machine does not have. The bundle carries pycuda's source and everything its build and run need
-  (setuptools, wheel, numpy, pytools, platformdirs, mako), so it builds offline; what the build needs
-  from the device (CUDA on /usr/local/cuda, python3-dev, a C++ compiler) is checked and named when
-  missing. A prebuilt aarch64 pycuda wheel given with ``--wheelhouse`` is installed instead of building.
+- the TensorRT backend's CUDA binding is cuda-python (``cuda-bindings>=12.6,<13``, pyproject's ``tensorrt``
+  extra): its cp310 aarch64 wheel and its one dependency (cuda-pathfinder, pure Python) are in wheels/ and
+  in requirements.txt, so edged-firstboot installs them offline with the rest; nothing compiles on the
+  device. Importing it needs no GPU; its first driver call does. pycuda's source is not carried: it would
+  make every first boot try a compile (CUDA's nvcc, python3-dev, g++) for a binding edged does not use where
+  cuda-python imports. A prebuilt pycuda wheel given with ``--wheelhouse`` is still carried (with its
+  dependencies) and installed.
 
 ``machine`` (jetson-jp6 only) picks the CPU of the wheels: aarch64 for a Jetson; x86_64 builds the same
 recipe for an Ubuntu 22.04 PC or rootfs (the tests install it into one, since this machine cannot
@@ -53,9 +55,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Literal
 
@@ -63,6 +66,7 @@ from edged import __version__
 from edged.errors import Code, EdgedError
 from edged.models.package import open_package
 from edged.models.signing import SigningKey
+from edged.progress import Eta
 
 Target = Literal["host", "jetson-jp6", "jetson-jp5"]
 REPO = Path(__file__).resolve().parent.parent
@@ -72,10 +76,12 @@ TARGET_EXTRAS: dict[str, tuple[str, ...]] = {"host": ("onnxruntime", "opencv"), 
 JETSON_SKIP = {"opencv-python-headless"}  # never on a Jetson, whichever extra would name it
 JETSON_MANYLINUX = ("manylinux2014", "manylinux_2_28", "manylinux_2_17")  # Ubuntu 22.04: glibc 2.35
 JETSON_NUMPY = "numpy>=1.24,<2"
-# pycuda for the TensorRT backend: its source and what building and running it need, built on the device.
-PYCUDA = "pycuda>=2024.1"
+# the TensorRT backend's CUDA binding on a Jetson (pyproject's `tensorrt` extra, read from here rather than from
+# edged's installed metadata, which is as old as the last `pip install -e .`); TensorRT itself is JetPack's
+CUDA_PYTHON = "cuda-bindings>=12.6,<13"
+PYCUDA = "pycuda>=2024.1"  # only as a prebuilt wheel from --wheelhouse (PyPI has no aarch64 wheel)
+PIP_TIMEOUT_S = 1800  # one pip step, however slow the index
 BUILD_LEFTOVERS = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".demo", ".*_cache")  # not in a wheel
-PYCUDA_SUPPORT = ("setuptools>=68", "wheel", "pytools>=2011.2", "platformdirs>=2.2.0", "mako")
 # what scripts/gpu-check.sh installs besides edged[tensorrt] (its CHECK_REQS): the bundle carries them, so the
 # check runs offline on the device; install.sh never installs them
 GPU_CHECK = ("pytest>=8", "pytest-timeout>=2.2", "pytest-xdist>=3.5")
@@ -121,6 +127,7 @@ def requirements(target: Target) -> list[str]:
     if target.startswith("jetson"):
         names = [(re.split(r"[<>=!~ ;\[]", r)[0], r) for r in reqs]
         reqs = [JETSON_NUMPY if n == "numpy" else r for n, r in names if n not in JETSON_SKIP]
+        reqs.append(CUDA_PYTHON)  # the TensorRT backend's CUDA binding: a wheel, installed with the rest
     return reqs
 
 
@@ -251,19 +258,71 @@ def _wheels(
         _run([*pip, "wheel", "--no-deps", "-q", "-w", str(dest), str(clean_source(REPO, Path(tmp) / "src"))])
     if target == "host":
         say(f"collecting wheels for this machine's Python {sys.version_info.major}.{sys.version_info.minor}")
-        _run([*pip, "wheel", "-q", "-w", str(dest), *extra, *reqs, *GPU_CHECK])
+        wanted = [*reqs, *GPU_CHECK]
+        _pip([*pip, "wheel", "-w", str(dest), *extra, *wanted], wanted, "collecting wheels", say)
         return
-    say(f"downloading {machine} / CPython 3.10 wheels for JetPack 6 (numpy < 2, no pip OpenCV)")
-    plats = [a for p in JETSON_MANYLINUX for a in ("--platform", f"{p}_{machine}")]
+    say(f"downloading {machine} / CPython 3.10 wheels for JetPack 6 (numpy < 2, no pip OpenCV, cuda-python)")
+    # linux_<machine>: a wheel built on a device (a --wheelhouse pycuda) has no manylinux tag; PyPI has none such
+    plats = [a for p in (*JETSON_MANYLINUX, "linux") for a in ("--platform", f"{p}_{machine}")]
     cp310 = ["--python-version", "3.10", "--implementation", "cp", "--abi", "cp310", "--abi", "abi3", "--abi", "none"]
-    binary = [*pip, "download", "-q", "--only-binary=:all:", *plats, *cp310, "-d", str(dest), *extra]
-    _run([*binary, *reqs, *PYCUDA_SUPPORT, *GPU_CHECK])
-    if wheelhouse and any(wheelhouse.glob(f"pycuda-*{machine}*.whl")):
-        say("pycuda: the prebuilt wheel from --wheelhouse")
-        _run([*binary, "--no-deps", PYCUDA])
-    else:
-        say("pycuda: its source, built on the device at install (needs the device's CUDA and python3-dev)")
-        _run([*pip, "download", "-q", "--no-deps", "--no-binary", "pycuda", "-d", str(dest), PYCUDA])
+    binary = [*pip, "download", "--only-binary=:all:", *plats, *cp310, "-d", str(dest), *extra]
+    prebuilt = bool(wheelhouse and any(wheelhouse.glob(f"pycuda-*{machine}*.whl")))
+    if prebuilt:
+        say("pycuda: the prebuilt wheel from --wheelhouse, with its dependencies (cuda-python is preferred)")
+    wanted = [*reqs, *GPU_CHECK, *([PYCUDA] if prebuilt else [])]  # one resolution: pycuda's numpy is ours
+    _pip([*binary, *wanted], wanted, "downloading wheels", say)
+
+
+def _pip(cmd: list[str], reqs: list[str], what: str, say: Callable[[str], None]) -> None:
+    """`pip wheel|download` (`cmd`, ending with `reqs`) with its progress: each distribution pip collects (its
+    "Collecting" and "Processing" lines) is a unit, out of an estimate of how many `reqs` pull in (this
+    machine's installed metadata; the estimate grows when pip finds more)."""
+    eta = Eta(say, what, estimate_distributions(reqs), "distributions (estimated)")
+    tail: list[str] = []
+    timed_out = threading.Event()
+    with subprocess.Popen(
+        [*cmd, "--progress-bar", "off"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+
+        def stop() -> None:
+            timed_out.set()
+            proc.kill()
+
+        timer = threading.Timer(PIP_TIMEOUT_S, stop)
+        timer.start()
+        try:
+            for line in proc.stdout or ():
+                tail = [*tail[-40:], line.rstrip()]
+                if line.startswith(("Collecting ", "Processing ")):  # from an index / from a local file
+                    if eta.done + 1 >= eta.total:
+                        eta.extend(1)  # more than estimated: the estimate grows, the step is not done yet
+                    eta.advance()
+            rc = proc.wait()
+        finally:
+            timer.cancel()
+    if timed_out.is_set():
+        raise BundleError(f"`{' '.join(cmd[2:6])} ...` took over {PIP_TIMEOUT_S} s")
+    if rc != 0:
+        raise BundleError(f"`{' '.join(cmd[2:6])} ...` failed: {chr(10).join(tail)[-800:]}")
+    eta.finish()
+
+
+def estimate_distributions(reqs: list[str]) -> int:
+    """How many distributions `reqs` pull in, from the metadata installed here (a name not installed counts
+    once): an estimate for the progress line, never a check."""
+    seen: set[str] = set()
+    todo = [r for r in reqs if r and not r.startswith(("-", "/", "."))]
+    while todo:
+        name = re.split(r"[<>=!~ ;\[]", todo.pop().strip())[0].lower().replace("_", "-")
+        if not name or name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        todo += [r for r in requires if "extra ==" not in r]
+    return max(1, len(seen))
 
 
 def _run(cmd: list[str]) -> None:

@@ -5,5 +5,7 @@ int8.py     ONNX -> INT8 QDQ (ONNX Runtime's quantizer) with heads in float and 
             ONNX -> FP16
 report.py   the accuracy report and gate, through the daemon's preprocessing and decoders
 tool.py     `edged quantize`: source model + frames -> gated package
-engine.py   `edged build-engine`: ONNX -> TensorRT engine package (the builder is edged.daemon.backends.tensorrt)
+qdq.py      `build-engine --calib`: float model + frames -> a Q/DQ model for TensorRT, checked against the
+            float model on those frames (every TensorRT version; TensorRT's calibrator is not used)
+engine.py   `edged build-engine`: ONNX -> TensorRT engine package (the builder is edged.daemon.backends.trt_build)
 """

@@ -10,7 +10,13 @@ can say how to rebuild it.
 A source with several fixed batches (manifest ``extra_batches``) gives one engine per batch, each with one
 profile (min = opt = max): ``model.engine`` at the largest, ``model.b<N>.engine`` at each smaller one (listed
 in the engine package's ``extra_batches``), all with the same precision and builder options; the largest is
-built first, and an entropy calibration (``--calib``) runs once, its cache read by the smaller batches.
+built first.
+
+INT8 from a float model (``--calib FRAMES``) goes through explicit quantization on every TensorRT version
+(``qdq.py``): edged's Q/DQ quantizer runs on the frames, the Q/DQ model is checked against the float one on
+them, and the engines are built from it (the smaller batches from it rebatched, so every engine has its
+scales); the package carries that Q/DQ model and ``source.int8`` says how the int8 came about. TensorRT's
+own calibrator (deprecated from 10.1, gone in 11) is not used.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from edged.models.compat import l4t_release
 from edged.models.package import Manifest, Package, publish_package, sha256_file
 
 from .frames import read_frames
-from .int8 import calibration_batches
+from .qdq import qdq_for_tensorrt
 from .tool import ensure_empty, load_source
 
 
@@ -60,36 +66,33 @@ def build_engine_package(
         m = src.manifest
         onnx_files = _source_batches(m, src.model, (spec or src.model).parent, batches)
         largest = max(onnx_files)
-        # what the user asked, else what the build would pick on TensorRT 8.6-10.11 (from 10.12 the model's own,
-        # strongly typed, which build_engine resolves); calibration needs an explicit int8 for a float model
-        chosen: Precision = precision or ("int8" if m.precision == "int8" else "fp16")
         if dla_core is not None and precision == "fp32":
             raise QuantizeError(
                 f"{model}: DLA runs fp16 or int8 only (trtexec forces fp16 there): use --precision fp16"
             )
-        calibration = None
-        if chosen == "int8" and m.precision != "int8":
-            if calib is None:
+        int8: dict[str, Any] | None = None
+        if calib is not None:
+            if m.precision == "int8":
                 raise QuantizeError(
-                    f"{model}: an int8 engine needs a QDQ model with its scales (`edged quantize --target "
-                    "tensorrt`, recommended) or, as a fallback, --calib frames for TensorRT's entropy calibrator"
+                    f"--calib: {model} is already int8 (Q/DQ): the engine takes its own scales; drop --calib"
                 )
-            spec_at = m.input.model_copy(update={"shape": [largest, *m.input.shape[1:]]})
-            calibration = calibration_batches(spec_at, read_frames(calib, calib_frames, progress))
-        # this build's own (the frames given now): a cache left by an earlier build would be read instead of
-        # calibrating, and every batch would get its stale scales
-        calib_cache = tmp / "calibration.cache" if calibration else None
+            if precision not in (None, "int8"):
+                raise QuantizeError(f"--calib builds an int8 engine; drop it or --precision {precision}")
+            frames = read_frames(calib, calib_frames, progress)
+            qdq = qdq_for_tensorrt(src, onnx_files, frames, _mkdir(tmp / "qdq"), progress=progress)
+            onnx_files, precision, int8 = qdq.files, "int8", qdq.record
+        elif precision == "int8" and m.precision != "int8":
+            raise QuantizeError(
+                f"{model}: an int8 engine from a float model needs its scales: --calib FRAMES (edged quantizes it "
+                "with Q/DQ on them) or a Q/DQ model from `edged quantize --target tensorrt`"
+            )
+        elif m.precision == "int8":
+            int8 = {"method": "qdq", "by": "the model's own Q/DQ nodes"}
         built: dict[int, BuiltEngine] = {}
-        for i, b in enumerate(sorted(onnx_files, reverse=True)):  # the largest first: it calibrates
+        for i, b in enumerate(sorted(onnx_files, reverse=True)):  # the largest first
             engine = tmp / ("model.engine" if b == largest else f"model.b{b}.engine")
             if len(onnx_files) > 1 and progress is not None:
                 progress(f"batch {b} ({i + 1} of {len(onnx_files)}): {engine.name} from {onnx_files[b].name}")
-            if i and calib_cache is not None and not calib_cache.is_file():
-                raise QuantizeError(
-                    f"{calib_cache}: TensorRT wrote no calibration cache while building batch {largest}, so the "
-                    "smaller batches cannot share its scales; build with a QDQ model (`edged quantize --target "
-                    "tensorrt`)"
-                )
             built[b] = build_engine(
                 onnx_files[b],
                 engine,
@@ -100,8 +103,6 @@ def build_engine_package(
                 timing_cache,
                 dla_core,
                 progress,
-                calibration=calibration if i == 0 else None,
-                calibration_cache=calib_cache,
                 options=opts,
             )
         (tmp / "labels.txt").write_text("\n".join(m.labels) + "\n")
@@ -137,6 +138,7 @@ def build_engine_package(
                 "build_seconds": round(sum(e.seconds for e in built.values()), 1),
                 "builder": {**opts.record(), "workspace_mb": workspace_mb},
                 **({"dla": top.dla} if top.dla is not None else {}),
+                **({"int8": int8} if int8 is not None and top.precision == "int8" else {}),
                 **({"engines": _engines(built, onnx_files)} if len(built) > 1 else {}),
             },
         )
@@ -159,6 +161,11 @@ def _source_batches(m: Manifest, model: Path, base: Path, wanted: tuple[int, ...
         if not path.is_file():
             raise QuantizeError(f"{path}: the model's batch-{b} file is missing", code=Code.NOT_FOUND)
     return files
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
 
 
 def _name(batch: int, largest: int, ext: str) -> str:

@@ -24,6 +24,7 @@ import contextlib
 import io
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ import onnx
 from edged.daemon.preprocess import Preprocessor
 from edged.errors import QuantizeError
 from edged.models.package import InputSpec
+from edged.progress import Eta
 
 from .frames import Frame
 
@@ -166,7 +168,7 @@ def quantize_int8(
             raise QuantizeError(f"--exclude names nodes this model does not have: {', '.join(unknown)}")
         base = list(dict.fromkeys([*(head_nodes(model) if keep_heads_float else []), *exclude]))
         say(f"keeping {len(base)} head/tail node(s) in float; calibrating on {len(calib)} frames")
-        _quantize(prepared, dst, spec, batches, base, target, method, say)
+        _quantize(prepared, dst, spec, batches, base, target, method, say, eta=True)
         keep, searched = base, "not needed"
         if judge is not None and not judge(dst):
             keep, searched = _search(prepared, dst, spec, batches, base, names, target, method, judge, say)
@@ -187,12 +189,16 @@ def _search(
 ) -> tuple[list[str], str]:
     order = [n for n in names if n not in set(base)]
     trial = dst.with_name(dst.stem + ".trial.onnx")
+    # each candidate is a calibration and a judgement; the search stops at the first that passes
+    eta = Eta(say, "search", 2 * len(SEARCH_FRACTIONS), "candidates", upper_bound=True)
     for fraction in SEARCH_FRACTIONS:
         k = max(1, round(len(order) * fraction))
         for where, block in (("last", order[-k:]), ("first", order[:k])):
             say(f"search: the {where} {fraction:.0%} of nodes ({k}) in float")
             _quantize(prepared, trial, spec, batches, base + block, target, method, say)
-            if judge(trial):
+            passed = judge(trial)
+            eta.advance()
+            if passed:
                 os.replace(trial, dst)
                 return base + block, f"the {where} {fraction:.1%} of nodes ({k}) kept in float"
     trial.unlink(missing_ok=True)
@@ -210,7 +216,10 @@ def _quantize(
     target: Target,
     method: Method,
     say: Callable[[str], None],
+    eta: bool = False,
 ) -> None:
+    """One quantization of `prepared` into `dst`; `eta`: say the calibration's progress (a search's candidates
+    calibrate quietly: the search says its own)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         CalibrationMethod,
@@ -219,12 +228,20 @@ def _quantize(
         quantize_static,
     )
 
+    stdout = sys.stdout
+
+    def say_out(line: str) -> None:  # progress reaches the caller's stdout (a print) past the redirect below
+        with contextlib.redirect_stdout(stdout):
+            say(line)
+
     class Reader(CalibrationDataReader):  # type: ignore[misc]
         """One batch per collection round (CalibStridedMinMax=1): the calibrators otherwise keep every
         intermediate tensor of every batch (14 GB for 16 PicoDet frames) before reducing them."""
 
         def __init__(self) -> None:
             self._it: Iterator[int] = iter(())
+            self._eta = Eta(say_out, "calibrating", len(batches), "batches") if eta and batches else None
+            self._pending = False  # a batch was handed out: the next call means the model has run it
 
         def __len__(self) -> int:
             return len(batches)
@@ -233,12 +250,11 @@ def _quantize(
             self._it = iter(range(start_index, end_index))
 
         def get_next(self) -> dict[str, np.ndarray] | None:
+            if self._pending and self._eta is not None:
+                self._eta.advance()
             i = next(self._it, None)
-            if i is None:
-                return None
-            if i + 1 == len(batches) or (i + 1) % 4 == 0:
-                say(f"calibrating: batch {i + 1}/{len(batches)}")
-            return {spec.name: batches[i]}
+            self._pending = i is not None
+            return None if i is None else {spec.name: batches[i]}
 
     symmetric = target == "tensorrt"
     try:

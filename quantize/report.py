@@ -20,6 +20,7 @@ from edged.daemon.backends import OnnxRuntimeBackend
 from edged.daemon.decoders import DecodeOptions, Detection, build_decoder
 from edged.daemon.preprocess import Preprocessor, Transform
 from edged.models.package import Manifest
+from edged.progress import Eta
 
 from .frames import Box, Frame
 
@@ -40,6 +41,7 @@ class Gate:
 class ModelRun:
     detections: list[list[Detection]]  # per frame
     batch_s: list[float]  # backend.infer time of every batch
+    outputs: list[dict[str, np.ndarray]] = field(default_factory=list)  # every batch's raw outputs, when kept
 
     @property
     def median_batch_ms(self) -> float:
@@ -54,18 +56,21 @@ def run_model(
     threads: int = 0,
     progress: Callable[[str], None] | None = None,
     simulate: bool = False,
+    keep_outputs: bool = False,
 ) -> ModelRun:
     """Run `model` over `frames` the way the daemon does: preprocess rows, fixed batches (the last one
-    padded), decode the real rows."""
+    padded), decode the real rows. `keep_outputs`: also keep every batch's raw outputs (to compare values)."""
     spec = manifest.input
     pre = Preprocessor(spec)
     batch = np.zeros(spec.shape, pre.dtype)
     dets: list[list[Detection]] = []
     times: list[float] = []
+    raw: list[dict[str, np.ndarray]] = []
     with OnnxRuntimeBackend(model, threads=threads, optimize=not simulate) as backend:
         decoder = build_decoder(manifest.decoder, spec, manifest.labels, {o.name: o.shape for o in backend.outputs})
         backend.infer({spec.name: batch})  # warm-up, not timed
         n_batches = -(-len(frames) // spec.batch)
+        eta = Eta(progress, f"{model.name} on {len(frames)} frames", n_batches, "batches") if progress else None
         for b in range(n_batches):
             chunk = frames[b * spec.batch : (b + 1) * spec.batch]
             transforms: list[Transform] = [pre.run(f.image, batch[i]) for i, f in enumerate(chunk)]
@@ -73,9 +78,11 @@ def run_model(
             out = backend.infer({spec.name: batch})
             times.append(time.perf_counter() - start)
             dets.extend(decoder.decode(out, transforms, opts))
-            if progress and (b + 1) * 4 // n_batches != b * 4 // n_batches:
-                progress(f"{model.name}: batch {b + 1}/{n_batches}")
-    return ModelRun(dets, times)
+            if keep_outputs:
+                raw.append({name: np.array(v, copy=True) for name, v in out.items()})
+            if eta is not None:
+                eta.advance()
+    return ModelRun(dets, times, raw)
 
 
 def iou(a: Box, b: Box) -> float:
@@ -243,4 +250,22 @@ def _judge(r: AccuracyReport) -> list[str]:
         pdrop = r.truth.float_precision - r.truth.quant_precision
         if pdrop > g.max_precision_drop:
             out.append(f"ground-truth precision drops {pdrop:.3f} > {g.max_precision_drop:.2f}")
+    return out
+
+
+def output_drift(ref: ModelRun, got: ModelRun) -> dict[str, dict[str, float]]:
+    """Every output's values, one model's against the other's over the same batches (both run with
+    `keep_outputs`): the largest absolute difference and the relative error ||got - ref|| / ||ref||."""
+    if len(ref.outputs) != len(got.outputs) or not ref.outputs:
+        raise ValueError("both runs need the raw outputs of the same batches (run_model(keep_outputs=True))")
+    out: dict[str, dict[str, float]] = {}
+    for name in ref.outputs[0]:
+        want = np.concatenate([b[name].ravel() for b in ref.outputs]).astype(np.float64)
+        have = np.concatenate([b[name].ravel() for b in got.outputs]).astype(np.float64)
+        diff = have - want
+        norm = float(np.linalg.norm(want))
+        out[name] = {
+            "max_abs_diff": float(np.max(np.abs(diff))) if diff.size else 0.0,
+            "relative_error": float(np.linalg.norm(diff)) / norm if norm > 0 else float(np.linalg.norm(diff)),
+        }
     return out

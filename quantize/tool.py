@@ -216,6 +216,16 @@ def smaller_batches(
     return out
 
 
+def calibration_gate(gate: Gate) -> Gate:
+    """`gate` with half the allowed loss: what a search judges on the calibration frames."""
+    return Gate(
+        min_agreement=1 - (1 - gate.min_agreement) / 2,
+        min_mean_iou=gate.min_mean_iou,
+        max_recall_drop=gate.max_recall_drop / 2,
+        max_precision_drop=gate.max_precision_drop / 2,
+    )
+
+
 def _judge(
     src: Source,
     frames: list[Frame],
@@ -228,12 +238,7 @@ def _judge(
     """The gate with half the allowed loss, applied on the calibration frames: the evaluation frames stay
     unseen until the end, and the margin stands for how few calibration frames there usually are."""
     ref: list[ModelRun] = []
-    strict = Gate(
-        min_agreement=1 - (1 - gate.min_agreement) / 2,
-        min_mean_iou=gate.min_mean_iou,
-        max_recall_drop=gate.max_recall_drop / 2,
-        max_precision_drop=gate.max_precision_drop / 2,
-    )
+    strict = calibration_gate(gate)
 
     def judge(candidate: Path) -> bool:
         if not ref:
