@@ -15,8 +15,8 @@ daemon when a required check fails.
     capture     each configured camera: the path the daemon opens it on (edged.daemon.gst decides, as
                 the daemon does) and why it cannot be opened on this machine
     tensorrt    imports and its version; required when the model is an engine or is built on the device
-    pycuda      imports; required with TensorRT
-    gpu         CUDA device, compute capability and free memory (through pycuda), DLA cores (TensorRT)
+    cuda        the CUDA binding (cuda-python, else pycuda): which, its version and why; required with TensorRT
+    gpu         CUDA device, compute capability and free memory (through that binding), DLA cores (TensorRT)
     l4t         /etc/nv_tegra_release: R36 is JetPack 6; R35 (JetPack 5) is refused
     sensors     thermal zones, power rails, GPU load, power mode (edged.daemon.sensors)
     journald    under systemd: python3-systemd, which gives the journal each line's priority and fields
@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from edged.errors import EdgedError
+from edged.errors import BackendError, EdgedError
 from edged.models import compat
 
 from .config import CameraConfig, Config
@@ -311,43 +311,49 @@ def check_tensorrt(needs: Needs) -> tuple[Check, Any]:
 
 
 def check_gpu(needs: Needs, root: Path, trt: Any) -> list[Check]:
+    """The CUDA binding the TensorRT backend uses (cuda-python, else pycuda: which, its version, why), then the
+    GPU through it: name, compute capability, free memory, DLA cores."""
+    from edged.daemon.backends.cuda_api import CudaError, load_cuda
+
     nodes = [n for n in GPU_NODES if (root / n).exists()]
     soc_cc = compat.tegra_compute_capability(root)
     try:
-        import pycuda.driver as cuda
-    except ImportError as exc:
+        cuda = load_cuda()
+    except BackendError as exc:
         fix = (
-            "install CUDA (/usr/local/cuda) and python3-dev, then run /opt/edged/firstboot.sh again (it builds pycuda)"
+            "pip install 'cuda-bindings>=12.6,<13' into edged's venv (edged[tensorrt]); a jetson-jp6 bundle "
+            "carries its wheel: run /opt/edged/firstboot.sh again"
         )
         status: Status = "fail" if needs.tensorrt else ("warn" if nodes else "n/a")
-        meaning = "the TensorRT backend cannot allocate buffers"
         gpu = f"GPU nodes {', '.join('/' + n for n in nodes)}" if nodes else "no NVIDIA GPU device node"
         cc = f", SoC compute capability {soc_cc}" if soc_cc else ""
+        detail = f"{exc}: the TensorRT backend cannot allocate buffers"
         return [
-            Check(
-                "pycuda",
-                status,
-                f"not importable ({exc}): {meaning}",
-                fix if nodes or needs.tensorrt else "",
-                needs.tensorrt,
-            ),
+            Check("cuda", status, detail, fix if nodes or needs.tensorrt else "", needs.tensorrt),
             Check("gpu", "n/a" if not nodes else "warn", f"{gpu}{cc}; free memory unknown without CUDA"),
         ]
+    out = [Check("cuda", "ok", f"{cuda.binding} {cuda.version}: {cuda.why}", required=needs.tensorrt)]
     try:
         cuda.init()
-        dev = cuda.Device(0)
-        cc = "{}.{}".format(*dev.compute_capability())
-        ctx = dev.make_context()
+        name, (major, minor) = cuda.device_name(0), cuda.compute_capability(0)
+        ctx = cuda.retain_primary(0)
+        cuda.push(ctx)
         try:
             free, total = cuda.mem_get_info()
         finally:
-            ctx.pop()
-            ctx.detach()
-    except cuda.Error as exc:
+            cuda.pop()
+            cuda.release(ctx)
+    except CudaError as exc:
         status = "fail" if needs.tensorrt else "warn"
-        fix = "check /dev/nvidia* or /dev/nvgpu permissions (the edged user is in group video/render)"
-        return [Check("gpu", status, f"CUDA cannot start: {exc}", fix, needs.tensorrt)]
-    out = [Check("gpu", "ok", f"{dev.name()}, compute capability {cc}, {free >> 20} of {total >> 20} MiB free")]
+        fix = (
+            "install the NVIDIA driver (libcuda.so.1; Jetson: JetPack's nvidia-l4t-cuda)"
+            if "driver library" in str(exc) or "libcuda" in str(exc)
+            else "check /dev/nvidia* or /dev/nvgpu permissions (the edged user is in group video/render)"
+        )
+        return [*out, Check("gpu", status, f"CUDA cannot start: {exc}", fix, needs.tensorrt)]
+    out.append(
+        Check("gpu", "ok", f"{name}, compute capability {major}.{minor}, {free >> 20} of {total >> 20} MiB free")
+    )
     if trt is not None:
         try:
             dla = int(trt.Builder(trt.Logger(trt.Logger.ERROR)).num_DLA_cores)

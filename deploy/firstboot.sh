@@ -2,8 +2,8 @@
 # The part of the install that runs on the device itself (install.sh calls it on a running device;
 # edged-firstboot.service calls it, with --enable, on the first boot of a flashed rootfs): the edged
 # user and folders, the virtual environment from the bundle's wheels (seeing the system site-packages,
-# where JetPack's TensorRT and GStreamer OpenCV and python3-systemd live), pycuda built against the
-# device's CUDA (jetson bundles), the initial model, then `edged doctor` as the edged user. A failing
+# where JetPack's TensorRT and GStreamer OpenCV and python3-systemd live; on a Jetson with cuda-python,
+# the TensorRT backend's CUDA binding, from its wheel: nothing compiles here), the initial model, then `edged doctor` as the edged user. A failing
 # required check ends it with status 1 and edged.service is not enabled (the first-boot unit runs again
 # on the next boot; or run this again by hand once fixed). Nothing here needs the network.
 set -euo pipefail
@@ -32,25 +32,28 @@ PIP=("$E/venv/bin/python" -m pip install -q --no-index --find-links "$E/wheels" 
 "${PIP[@]}" -r "$E/requirements.txt"
 "${PIP[@]}" --no-deps --force-reinstall "$(ls "$E"/wheels/edged-*.whl)"
 
-pycuda() { # the TensorRT backend's CUDA buffers: a prebuilt wheel from the bundle, else built from its source here
-  if "$E/venv/bin/python" -c 'import pycuda' 2>/dev/null; then say "pycuda: already installed"; return 0; fi
-  if ls "$E"/wheels/pycuda-*.whl >/dev/null 2>&1; then "${PIP[@]}" pycuda; say "pycuda: installed (prebuilt)"; return 0; fi
-  ls "$E"/wheels/pycuda-*.tar.gz >/dev/null 2>&1 || { say "pycuda: not in the bundle"; return 0; }
-  local cuda=${CUDA_HOME:-/usr/local/cuda} missing=() inc
-  [ -x "$cuda/bin/nvcc" ] || command -v nvcc >/dev/null \
-    || missing+=("CUDA on PATH ($cuda/bin/nvcc: apt-get install nvidia-jetpack, or cuda-toolkit)")
-  inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-  [ -f "$inc/Python.h" ] || missing+=("the Python headers ($inc/Python.h: apt-get install python3-dev)")
-  command -v g++ >/dev/null || missing+=("a C++ compiler (apt-get install g++)")
-  if [ ${#missing[@]} -gt 0 ]; then
-    say "pycuda NOT built; missing: $(printf '%s; ' "${missing[@]}")"
-    say "  engine packages cannot load until it is (ONNX packages run); install those, then run $0 again"
-    return 0
+cuda_binding() { # the TensorRT backend's CUDA binding: cuda-python (requirements.txt, installed above), or a
+  # prebuilt pycuda wheel the bundle was given (--wheelhouse); importing either needs no GPU, its first call does
+  local py=$E/venv/bin/python v where
+  if ls "$E"/wheels/pycuda-*.whl >/dev/null 2>&1 && ! "$py" -c 'import pycuda' 2>/dev/null; then
+    if "${PIP[@]}" pycuda; then say "pycuda: installed from the bundle's prebuilt wheel (offline)"
+    else say "pycuda: installing the bundle's prebuilt wheel failed (above)"; fi
   fi
-  say "pycuda: building from the bundle's source against $cuda (a few minutes)"
-  PATH=$cuda/bin:$PATH CUDA_ROOT=$cuda "${PIP[@]}" pycuda || say "pycuda: the build failed (above)"
+  if v=$("$py" -c 'import cuda.bindings.driver as d, importlib.metadata as m
+print(m.version("cuda-bindings"), d.__file__.rsplit("/cuda/", 1)[0])' 2>&1); then
+    where=${v#* } v=${v%% *}
+    if [ "${where#"$E/venv/"}" != "$where" ]; then
+      say "cuda-python: cuda-bindings $v installed from the bundle's wheels (offline; nothing compiled)"
+    else
+      say "cuda-python: cuda-bindings $v from $where (already on the system; the bundle's wheel was not needed)"
+    fi
+  elif ls "$E"/wheels/cuda_bindings-*.whl >/dev/null 2>&1; then
+    say "cuda-python: the bundle's cuda-bindings does not import: ${v##*$'\n'}"
+  else
+    say "cuda-python: not in this bundle (engine packages need cuda-bindings or pycuda; ONNX packages run)"
+  fi
 }
-[ "${TARGET#jetson}" = "$TARGET" ] || pycuda
+[ "${TARGET#jetson}" = "$TARGET" ] || cuda_binding
 
 install -d -o edged -g edged -m 0750 /var/lib/edged
 for m in "$E"/models/*.tar; do

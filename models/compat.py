@@ -1,6 +1,7 @@
 """Will this TensorRT engine load here? The device's facts against what a package's manifest records.
 
-A TensorRT plan is tied to the TensorRT version that built it (unless built version-compatible, then
+A TensorRT plan is tied to the TensorRT version that built it, build number included: 10.3.0.30 and 10.3.0.26
+differ, as TensorRT's own check says (unless built version-compatible, then
 to its major version, not older), to the GPU's compute capability (unless built with a hardware
 compatibility level), and on Jetson to the L4T release whose CUDA and TensorRT it was built against.
 Checking before deserializing turns TensorRT's "Serialization assertion ... failed" into an error
@@ -120,7 +121,16 @@ def tegra_compute_capability(root: Path = Path("/")) -> str | None:
 
 
 def _version(v: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", v)[:3])
+    return tuple(int(p) for p in re.findall(r"\d+", v)[:4])
+
+
+def same_tensorrt(built: str, here: str) -> bool:
+    """TensorRT's own plan check: a plan deserializes only on the TensorRT that built it, all four parts
+    (major.minor.patch.build: "10.3.0.30", as ``tensorrt.__version__`` says and edged records). A version
+    recorded with fewer parts ("10.3.0", by hand or an older edged) is compared on the parts it has."""
+    a, b = _version(built), _version(here)
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
 
 
 def unsupported_tensorrt(version: str) -> str | None:
@@ -153,7 +163,7 @@ def mismatches(required: dict[str, Any], facts: DeviceFacts) -> list[str]:
                     f"built version-compatible with TensorRT {want_trt}: needs {want[0]}.x at least that new, "
                     f"this device has {facts.tensorrt}"
                 )
-        elif _version(facts.tensorrt) != _version(want_trt):
+        elif not same_tensorrt(want_trt, facts.tensorrt):
             out.append(f"built with TensorRT {want_trt}, this device has {facts.tensorrt}")
         if refused and len(out) > before:  # the version differs, and edged cannot run this device's anyway
             out[-1] += f" ({refused})"

@@ -2,7 +2,8 @@
 # The TensorRT checks in one command, on a machine with TensorRT and an NVIDIA GPU: a Jetson on
 # JetPack 6 (TensorRT and OpenCV from JetPack's system site-packages), or a GPU server with the
 # tensorrt wheel installed. Builds a venv that sees the system site-packages (.venv-gpu), installs
-# edged[tensorrt] (pycuda compiles against the CUDA toolkit on the device) and pytest with the two
+# edged[tensorrt] (cuda-python's cuda-bindings wheel: nothing compiles; pycuda is used where it is installed
+# and cuda-python is not) and pytest with the two
 # plugins the tests' settings name (CHECK_REQS; nothing else of [dev]), runs
 # tests/test_tensorrt.py (engine build, TensorRT against ONNX Runtime, the compatibility refusal,
 # the daemon on an engine package). Prints a table; exits non-zero when any check fails or is
@@ -12,8 +13,8 @@
 # edged's extras from PyPI ([onnxruntime], [opencv]); never over the system's.
 #
 #     bash scripts/gpu-check.sh              from a source checkout
-#     bash edged-bundle/check/gpu-check.sh   from an unpacked bundle, offline: edged, pycuda's source and
-#                                            build deps and CHECK_REQS come from the bundle's wheels/
+#     bash edged-bundle/check/gpu-check.sh   from an unpacked bundle, offline: edged, cuda-python
+#                                            (cuda-bindings) and CHECK_REQS come from the bundle's wheels/
 #     bash scripts/gpu-check.sh --print-trt-wheel [CUDA]   the pip TensorRT it picks for this driver (or CUDA)
 #
 # Prerequisites (all missing ones are listed before anything is installed):
@@ -24,8 +25,10 @@
 #     for CUDA 13+ (R580+), both >=10.12,<12 (the bare `tensorrt` is the CUDA 13 build and fails on a CUDA
 #     12 driver). Automatic off Jetson when the system has no tensorrt; EDGED_GPU_PIP=tensorrt asks for it
 #     anyway, EDGED_GPU_PIP="<pip spec>" installs exactly that
-#   pycuda, or what building it needs: CUDA's nvcc (/usr/local/cuda/bin is added to PATH), the Python
-#     headers (python3-dev), g++
+#   a CUDA binding: edged[tensorrt] installs cuda-python's cuda-bindings 12.x from its wheel (aarch64 and
+#     x86_64; any CUDA 12+ driver; a jetson-jp6 bundle carries it); only from a bundle without that wheel
+#     (made before it, or a host bundle) pycuda and what building it needs (CUDA's nvcc,
+#     /usr/local/cuda/bin is added to PATH; python3-dev; g++)
 #   the demo assets (edged model fetch-demo: the internet once, or a copied ~/.cache/edged/demo)
 #   mosquitto is optional: without it the daemon-on-an-engine test is skipped with the reason
 #   without the internet: run it from a jetson-jp6 bundle's check/ (its wheels/ carry everything the
@@ -87,7 +90,9 @@ python3 -c 'import ensurepip' 2>/dev/null || missing+=("python3-venv (apt-get in
 if [ -z "$trt_pip" ] && [ -n "$jetson" ] && ! python3 -c 'import tensorrt' 2>/dev/null; then
   missing+=("TensorRT's Python bindings (apt-get install nvidia-jetpack)")
 fi
-if ! python3 -c 'import pycuda' 2>/dev/null; then
+cuda_binding=cuda-bindings  # edged[tensorrt]'s wheel; a bundle without it builds pycuda
+if [ -n "$BUNDLE" ] && ! ls "$EDGED_WHEELS"/cuda_bindings-*.whl >/dev/null 2>&1; then cuda_binding=pycuda; fi
+if [ "$cuda_binding" = pycuda ] && ! python3 -c 'import pycuda' 2>/dev/null; then
   command -v nvcc >/dev/null || missing+=("CUDA's nvcc to build pycuda (/usr/local/cuda/bin; Jetson: nvidia-jetpack)")
   inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
   [ -f "$inc/Python.h" ] || missing+=("the Python headers to build pycuda (apt-get install python3-dev)")
@@ -106,8 +111,11 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 read -r -a trt <<< "$trt_pip"  # EDGED_GPU_PIP may name several specs
 if [ -n "$BUNDLE" ]; then  # as edged-firstboot installs it: the bundle's requirements, then its edged wheel
-  pycuda=(pycuda)  # built from the bundle's source (its build deps are in wheels/) unless the system has it
-  "$VENV/bin/python" -c 'import pycuda' 2>/dev/null && pycuda=()
+  pycuda=("cuda-bindings>=12.6,<13")  # the bundle's wheel; a bundle without it: pycuda built from its source
+  if [ "$cuda_binding" = pycuda ]; then
+    pycuda=(pycuda)
+    "$VENV/bin/python" -c 'import pycuda' 2>/dev/null && pycuda=()
+  fi
   "$VENV/bin/python" "${PIP[@]}" -r "$BUNDLE/requirements.txt" "${CHECK_REQS[@]}" "${pycuda[@]}" "${trt[@]}" \
     && "$VENV/bin/python" "${PIP[@]}" --no-deps --force-reinstall "$(ls "$BUNDLE"/wheels/edged-*.whl)" \
     || { echo "gpu-check: installing the bundle's edged, ${CHECK_REQS[*]} ${pycuda[*]} ${trt[*]} into $VENV failed (above)"; exit 1; }
@@ -128,7 +136,7 @@ from edged.daemon.backends.tensorrt import device_facts
 f = device_facts()
 print(f"TensorRT {f.tensorrt}, compute capability {f.compute_capability}, L4T {f.l4t or 'n/a'}, {f.platform}")
 EOF
-) || { echo "gpu-check: tensorrt/pycuda/GPU not usable here: $facts"; exit 1; }
+) || { echo "gpu-check: tensorrt/CUDA binding/GPU not usable here: $facts"; exit 1; }
 
 start=$(date +%s)
 # only the plugins the tests' settings name: the venv sees the system's site-packages, whose pytest plugins

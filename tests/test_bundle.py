@@ -88,9 +88,13 @@ def test_jetson_bundle_has_aarch64_cp310_wheels_and_no_pip_opencv(jetson_bundle:
         reqs = tar.extractfile("edged-bundle/requirements.txt").read().decode().split()  # type: ignore[union-attr]
     assert "numpy<2,>=1.24" in reqs or "numpy>=1.24,<2" in reqs, reqs
     assert not [r for r in reqs if r.startswith(("opencv", "pycuda"))], reqs
-    # pycuda: its source and what building it offline needs; built on the device against its CUDA
-    assert [n for n in names if n.startswith("edged-bundle/wheels/pycuda-") and n.endswith(".tar.gz")]
-    assert {"setuptools", "wheel", "pytools", "mako", "platformdirs"} <= {w.split("-")[0] for w in wheels}
+    # the TensorRT backend's CUDA binding: cuda-python's aarch64 cp310 wheel (and cuda-pathfinder, pure Python),
+    # installed with requirements.txt; no pycuda source, so nothing compiles on the device
+    cuda = [w for w in wheels if w.startswith("cuda_bindings-")]
+    assert len(cuda) == 1 and cuda[0].startswith("cuda_bindings-12.") and "-cp310-cp310-" in cuda[0], cuda
+    assert "aarch64" in cuda[0] and "cuda_pathfinder" in {w.split("-")[0] for w in wheels}, wheels
+    assert "cuda-bindings<13,>=12.6" in reqs or "cuda-bindings>=12.6,<13" in reqs, reqs
+    assert not [n for n in names if n.startswith("edged-bundle/wheels/") and not n.endswith(".whl")], names
     assert manifest["machine"] == "aarch64"
     for part in (
         "install.sh",
@@ -105,13 +109,52 @@ def test_jetson_bundle_has_aarch64_cp310_wheels_and_no_pip_opencv(jetson_bundle:
         assert f"edged-bundle/{part}" in names, part
 
 
+def test_the_bundles_cuda_binding_is_pyprojects_tensorrt_extra() -> None:
+    """The bundle names cuda-python itself (edged's installed metadata is as old as its last `pip install -e .`):
+    it must be what pyproject.toml's `tensorrt` extra says the TensorRT backend needs."""
+    from edged.deploy.bundle import CUDA_PYTHON, requirements
+
+    # pyproject's one-line list (no tomllib on Python 3.10)
+    found = re.search(r"^tensorrt = (\[.*\])$", (REPO / "pyproject.toml").read_text(), re.M)
+    assert found and json.loads(found.group(1)) == [CUDA_PYTHON], found
+    assert CUDA_PYTHON in requirements("jetson-jp6") and CUDA_PYTHON not in requirements("host")
+
+
+def test_a_wheelhouse_pycuda_built_on_a_device_is_carried_with_its_dependencies(tmp_path: Path) -> None:
+    """`--wheelhouse DIR` with a pycuda wheel built on a Jetson (tagged linux_aarch64: no manylinux tag) goes
+    into a jetson bundle's wheels/ with what it requires from PyPI, so the first boot can install it offline.
+    The wheel here is a stand-in with pycuda's name and tag (building the real one needs a device's CUDA)."""
+    import zipfile
+
+    from edged.deploy.bundle import _wheels
+
+    house = tmp_path / "house"
+    house.mkdir()
+    name = "pycuda-2024.1.2-cp310-cp310-linux_aarch64.whl"
+    meta = "Metadata-Version: 2.1\nName: pycuda\nVersion: 2024.1.2\nRequires-Dist: platformdirs>=2.2.0\n"
+    wheel = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: cp310-cp310-linux_aarch64\n"
+    with zipfile.ZipFile(house / name, "w") as z:
+        z.writestr("pycuda/__init__.py", "")
+        z.writestr("pycuda-2024.1.2.dist-info/METADATA", meta)
+        z.writestr("pycuda-2024.1.2.dist-info/WHEEL", wheel)
+        z.writestr("pycuda-2024.1.2.dist-info/RECORD", "")
+    dest = tmp_path / "wheels"
+    dest.mkdir()
+    said: list[str] = []
+    _wheels("jetson-jp6", [], dest, house, said.append, "aarch64")
+    found = sorted(p.name for p in dest.iterdir())
+    assert name in found and [w for w in found if w.startswith("platformdirs-")], found
+    assert not [w for w in found if w.endswith(".tar.gz")], found  # a wheel, not pycuda's source
+    assert any("pycuda: the prebuilt wheel from --wheelhouse" in m for m in said), said
+
+
 def test_the_bundle_carries_gpu_check_and_everything_it_installs(
     jetson_bundle: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """scripts/gpu-check.sh runs offline from an unpacked bundle: check/ holds the script and the tests it runs,
     and wheels/ resolves what the script installs there, as edged-firstboot does (requirements.txt, then the
-    edged wheel without deps), plus its CHECK_REQS (pycuda is built from its source there, checked above) for
-    the device's CPython 3.10 on aarch64, with no index and no other wheels."""
+    edged wheel without deps, cuda-python among them), plus its CHECK_REQS for the device's CPython 3.10 on
+    aarch64, with no index and no other wheels."""
     from edged.deploy.bundle import GPU_CHECK, JETSON_MANYLINUX
 
     bundle, _ = jetson_bundle
@@ -135,6 +178,7 @@ def test_the_bundle_carries_gpu_check_and_everything_it_installs(
     )
     assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
     assert re.search(r"Would install .*\bpytest-\d", r.stdout) and "pytest-xdist" in r.stdout, r.stdout[-1500:]
+    assert re.search(r"Would install .*\bcuda-bindings-12\.", r.stdout), r.stdout[-1500:]
 
 
 def test_bundle_manifest_hashes_and_signature(jetson_bundle: tuple[Path, Path], tmp_path: Path) -> None:
@@ -316,6 +360,9 @@ def test_jetson_bundle_in_a_jetpack_layout_rootfs(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     with tarfile.open(next((tmp_path / "out").glob("*.tar"))) as tar:
         tar.extractall(tmp_path / "b", filter="data")
+    # built for x86_64, it carries cuda-python's x86_64 wheel (the aarch64 one is checked in the default set)
+    cuda = [p.name for p in (tmp_path / "b/edged-bundle/wheels").glob("cuda_bindings-*.whl")]
+    assert len(cuda) == 1 and "-cp310-cp310-" in cuda[0] and "x86_64" in cuda[0], cuda
     out = tmp_path / "result"
     r = subprocess.run(
         [
@@ -333,15 +380,19 @@ def test_jetson_bundle_in_a_jetpack_layout_rootfs(tmp_path: Path) -> None:
     print(logs)
     assert r.returncode == 0, r.stderr + logs
     assert "laid out into" in (out / "install.log").read_text()
-    # the first boot: pycuda cannot be built (no CUDA, no python3-dev, no compiler), and says so
+    # the first boot: cuda-python from the bundle's wheel, offline, nothing compiled (no CUDA, no compiler here)
     first = (out / "firstboot.log").read_text()
     assert (out / "firstboot.rc").read_text().strip() == "0", first
-    assert "pycuda NOT built; missing: CUDA on PATH" in first and "python3-dev" in first, first
+    assert "firstboot: cuda-python: cuda-bindings 12." in first, first
+    assert "installed from the bundle's wheels (offline; nothing compiled)" in first and "pycuda" not in first, first
     assert "edged can run here" in first and (out / "enabled").exists()
     # cv2 is JetPack's (the system's, with GStreamer), numpy is 1.x; the two work together
     probe = (out / "probe.txt").read_text()
     assert "cv2 4.5.4 /usr/lib/python3/dist-packages/cv2" in probe, probe
     assert "numpy 1." in probe and "cv2 on numpy: (2, 2, 3)" in probe, probe
+    # cuda-python in the venv imports without a GPU; its first driver call reports the missing driver
+    assert re.search(r"^cuda-bindings /opt/edged/venv/\S+/cuda/bindings/driver", probe, re.M), probe
+    assert re.search(r"^cuInit: \S+", probe, re.M), probe
     doc = json.loads((out / "doctor.json").read_text())
     checks = {c["name"]: c for c in doc["checks"]}
     assert (out / "doctor.rc").read_text().strip() == "0" and doc["ok"], doc
@@ -351,12 +402,15 @@ def test_jetson_bundle_in_a_jetpack_layout_rootfs(tmp_path: Path) -> None:
     assert checks["gst-cv2"]["status"] == "ok" and "with GStreamer" in checks["gst-cv2"]["detail"]
     assert checks["gst-nv"]["status"] == "warn" and "nvarguscamerasrc" in checks["gst-nv"]["detail"]
     assert checks["tensorrt"]["status"] == "n/a" and "python3-libnvinfer" in checks["tensorrt"]["fix"]
+    assert checks["cuda"]["status"] == "ok" and checks["cuda"]["detail"].startswith("cuda-python 12."), checks["cuda"]
+    assert checks["gpu"]["status"] == "warn" and "CUDA cannot start" in checks["gpu"]["detail"], checks["gpu"]
     assert checks["l4t"]["status"] == "ok" and "R36.4.0" in checks["l4t"]["detail"]
     assert checks["model"]["status"] == "ok" and "blazeface-back v1" in checks["model"]["detail"]
     assert checks["state_dir"]["status"] == "ok" and checks["broker"]["status"] == "warn"
     # a model that needs TensorRT: required checks fail, and the first boot leaves edged disabled
     trt = (out / "doctor-trt.txt").read_text()
     assert (out / "doctor-trt.rc").read_text().strip() == "1" and "FAIL tensorrt" in trt, trt
+    assert re.search(r"^ok   cuda       cuda-python 12\.", trt, re.M) and "FAIL gpu" in trt, trt
     first = (out / "firstboot-trt.log").read_text()
     assert (out / "firstboot-trt.rc").read_text().strip() == "1" and "FAIL tensorrt" in first, first
     assert "edged.service is NOT enabled" in first and not (out / "enabled-trt").exists()

@@ -71,8 +71,22 @@ def test_version_compatible_engines_take_newer_runtimes_of_the_same_major() -> N
     assert mismatches(req, DeviceFacts("aarch64", "10.1.0", "8.7"))  # older runtime
     assert mismatches(req, DeviceFacts("aarch64", "11.0.0", "8.7"))  # other major
     exact = {**ORIN_JP6, "l4t": None}
-    assert mismatches(exact, DeviceFacts("aarch64", "10.3.0.30", "8.7")) == []  # build number may differ
+    # a manifest that records three parts ("10.3.0") is compared on those three: its build is not known
+    assert mismatches(exact, DeviceFacts("aarch64", "10.3.0.30", "8.7")) == []
     assert mismatches(exact, DeviceFacts("aarch64", "10.4.0", "8.7"))
+
+
+def test_a_plan_is_tied_to_its_tensorrt_build_as_tensorrt_checks_it() -> None:
+    """What edged records (tensorrt.__version__, four parts) is compared on all four: a plan built by 10.3.0.30
+    does not deserialize on 10.3.0.26, and is refused before TensorRT is asked."""
+    built = {**ORIN_JP6, "tensorrt": "10.3.0.30", "l4t": None}
+    assert mismatches(built, DeviceFacts("aarch64", "10.3.0.30", "8.7")) == []
+    assert mismatches(built, DeviceFacts("aarch64", "10.3.0.26", "8.7")) == [
+        "built with TensorRT 10.3.0.30, this device has 10.3.0.26"
+    ]
+    compatible = {**built, "version_compatible": True}  # the build counts in "at least that new" too
+    assert mismatches(compatible, DeviceFacts("aarch64", "10.3.0.31", "8.7")) == []
+    assert mismatches(compatible, DeviceFacts("aarch64", "10.3.0.26", "8.7"))
 
 
 def test_hardware_compatibility_level() -> None:

@@ -124,7 +124,7 @@ def test_orin_nano_jetpack6_fixture(tmp_path: Path) -> None:
     assert (
         "SoC compute capability 8.7" in checks["gpu"]["detail"] and "/dev/nvgpu/igpu0/ctrl" in checks["gpu"]["detail"]
     )
-    assert checks["pycuda"]["status"] == "warn" and "firstboot.sh again" in checks["pycuda"]["fix"]
+    assert checks["cuda"]["status"] == "warn" and "cuda-bindings" in checks["cuda"]["fix"]
     import numpy
 
     if int(numpy.__version__.split(".")[0]) >= 2:  # this venv's numpy 2 on a Jetson: JetPack's cv2 would break

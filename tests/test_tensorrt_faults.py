@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from edged.daemon.backends.cuda_api import Pycuda
 from edged.daemon.backends.tensorrt import TensorRTBackend
 from edged.daemon.backends.trt_api import BuilderOptions, TrtApi, TrtModules
 from edged.daemon.backends.trt_build import build_engine
@@ -31,14 +32,14 @@ from tests.test_ota import MODEL, build, device_doc, install, push, store_view, 
 from tests.trt_standin import tensorrt as standin_trt
 from tests.trt_standin.pycuda import driver as standin_cuda
 
-STANDIN = TrtModules(standin_trt, standin_cuda)
+STANDIN = TrtModules(standin_trt, Pycuda(standin_cuda))
 # what each fault reads like once edged has translated it
 FAULTS = {
     "no_gpu": "CUDA does not start here (no usable NVIDIA GPU?): cuInit failed",
     "nullptr": "TensorRT could not start (no usable NVIDIA GPU",
     "old_version": "TensorRT 8.5.2.2 is not supported: edged runs TensorRT 8.6 (JetPack 6.0) to 11.x",
     "corrupt": "TensorRT cannot deserialize it: IRuntime::deserializeCudaEngine: Error Code 1: Serialization",
-    "oom": "out of GPU memory: cuMemAlloc failed: out of memory",
+    "oom": "out of GPU memory: cuMemAlloc failed",  # then pycuda's text, or cuda-python's error name and text
 }
 
 

@@ -83,3 +83,25 @@ def test_strongly_typed_versions_refuse_a_calibrator(
     with pytest.raises(BackendError, match=r"builds strongly typed networks.*Q/DQ"):
         calibrate(demo, tmp_path)
     assert building == []
+
+
+@pytest.mark.parametrize("binding", ["pycuda", "cuda-python"])
+def test_the_calibrators_device_buffer_is_freed_inside_the_context(
+    binding: str, demo: DemoAssets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Freed before the build pops its context (garbage collection would free it after: a cleanup warning and
+    the buffer held past the build). The stand-in CUDA refuses a free without a current context."""
+    from tests.trt_standin.cuda.bindings import driver as cuda_python
+    from tests.trt_standin.pycuda import driver as pycuda
+
+    monkeypatch.setenv("TRT_STANDIN_BUILD", "1")
+    monkeypatch.setenv("TRT_STANDIN_VERSION", "10.0.1")
+    monkeypatch.delenv("TRT_STANDIN_FAULT", raising=False)
+    use_standins(monkeypatch, binding=binding)  # type: ignore[arg-type]
+    driver = pycuda if binding == "pycuda" else cuda_python
+    monkeypatch.setattr(driver, "STATE", driver.State())
+    assert calibrate(demo, tmp_path) == "int8"
+    calls = [name for name, _ in driver.STATE.calls]
+    assert calls.count("cuMemAlloc") == 1 and driver.STATE.allocated == 0, calls
+    assert calls.index("cuMemFree") < len(calls) - 1 - calls[::-1].index("cuCtxPopCurrent"), calls
+    assert driver.STATE.retained == 0

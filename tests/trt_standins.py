@@ -1,24 +1,40 @@
-"""Puts the TensorRT and pycuda stand-ins (tests/trt_standin) where `import tensorrt` and
-`import pycuda.driver` find them, for one test (monkeypatch undoes it)."""
+"""Puts the TensorRT and CUDA stand-ins (tests/trt_standin) where `import tensorrt` and the CUDA binding's
+import find them, for one test (monkeypatch undoes it): pycuda by default, or cuda-python."""
 
 from __future__ import annotations
 
 import sys
+from typing import Literal
 
 import pytest
 
 from edged.daemon import loader
+from tests.trt_standin import cuda as standin_cuda_ns
 from tests.trt_standin import tensorrt as standin_trt
+from tests.trt_standin.cuda import bindings as standin_bindings
+from tests.trt_standin.cuda.bindings import driver as standin_cuda_python
 from tests.trt_standin.pycuda import driver as standin_cuda
 
+Binding = Literal["pycuda", "cuda-python"]
 
-def use_standins(monkeypatch: pytest.MonkeyPatch, no_gpu_check: bool = True) -> None:
-    """`import tensorrt` / `pycuda.driver` get the stand-ins; with `no_gpu_check` the loader does not look for
-    /dev/nvidia0 (there is none here)."""
-    pycuda = type(sys)("pycuda")
-    pycuda.driver = standin_cuda  # type: ignore[attr-defined]
+
+def use_standins(monkeypatch: pytest.MonkeyPatch, no_gpu_check: bool = True, binding: Binding = "pycuda") -> None:
+    """`import tensorrt` gets the stand-in, and the CUDA binding `binding` its stand-in (the other one does not
+    import, whatever is installed); with `no_gpu_check` the loader does not look for /dev/nvidia0."""
     monkeypatch.setitem(sys.modules, "tensorrt", standin_trt)
-    monkeypatch.setitem(sys.modules, "pycuda", pycuda)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", standin_cuda)
+    if binding == "pycuda":
+        pycuda = type(sys)("pycuda")
+        pycuda.driver = standin_cuda  # type: ignore[attr-defined]
+        pycuda.VERSION_TEXT = "stand-in"  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "pycuda", pycuda)
+        monkeypatch.setitem(sys.modules, "pycuda.driver", standin_cuda)
+        for name in ("cuda", "cuda.bindings", "cuda.bindings.driver", "cuda.cuda"):
+            monkeypatch.setitem(sys.modules, name, None)  # an ImportError: cuda-python is not installed
+    else:
+        monkeypatch.setitem(sys.modules, "cuda", standin_cuda_ns)
+        monkeypatch.setitem(sys.modules, "cuda.bindings", standin_bindings)
+        monkeypatch.setitem(sys.modules, "cuda.bindings.driver", standin_cuda_python)
+        for name in ("pycuda", "pycuda.driver"):
+            monkeypatch.setitem(sys.modules, name, None)
     if no_gpu_check:
         monkeypatch.setattr(loader, "tensorrt_unavailable_reason", lambda: None)

@@ -7,7 +7,9 @@ backend, and a missing one is reported with its reason.
 
     base.py         the Backend protocol, TensorInfo
     onnxruntime.py  ONNX Runtime (CPU; CUDA / TensorRT execution providers where installed)
-    tensorrt.py     TensorRT engines (tensorrt and pycuda imported inside)
+    tensorrt.py     TensorRT engines (tensorrt and the CUDA binding imported inside); every CUDA call on the
+                    engine's own thread
+    cuda_api.py     the CUDA driver calls behind one adapter: cuda-python (preferred), else pycuda
     trt_build.py    the TensorRT engine builder (`edged build-engine`, model.build_on_device)
     trt_api.py      the one TensorRT version adapter (8.6 to 11.x) and the translation of native failures
 

@@ -19,7 +19,8 @@ Supported: TensorRT 8.6 (JetPack 6.0) to 11.x. What differs between them, and no
     device memory     device_memory_size_v2 from 10.1 (device_memory_size is gone in 11)
     hardware compat.  HardwareCompatibilityLevel.AMPERE_PLUS from 8.6, SAME_COMPUTE_CAPABILITY from 10.x
 
-``translate`` turns what TensorRT, CUDA and pycuda raise into the project's errors: a failed cuInit,
+``translate`` turns what TensorRT and CUDA (``cuda_api.CudaError``, from either binding) raise into the
+project's errors: a failed cuInit,
 TensorRT's ``TypeError: pybind11::init(): factory function returned nullptr`` (what ``trt.Builder`` and
 ``trt.Runtime`` raise when CUDA cannot start), out of device memory, an attribute another TensorRT
 version lacks.
@@ -41,6 +42,8 @@ from typing import Any, Literal
 
 from edged.errors import BackendError
 from edged.models.compat import DeviceFacts, unsupported_tensorrt
+
+from .cuda_api import CudaApi, load_cuda
 
 logger = logging.getLogger(__name__)
 
@@ -131,28 +134,33 @@ HARDWARE_LEVELS = {"none": "NONE", "ampere+": "AMPERE_PLUS", "same-cc": "SAME_CO
 
 @dataclass(frozen=True)
 class TrtModules:
-    """The TensorRT module and pycuda's driver module: the seam where a test hands in stand-ins."""
+    """The TensorRT module and the CUDA binding's adapter (`cuda_api`): the seam where a test hands in
+    stand-ins (`TrtModules(standin_trt, Pycuda(standin_driver))`)."""
 
     trt: Any
-    cuda: Any
+    cuda: CudaApi
 
 
 def load_modules(error: type[BackendError] = BackendError) -> TrtModules:
-    """tensorrt and pycuda.driver, or `error` saying which is missing."""
+    """tensorrt and a CUDA binding (cuda-python, else pycuda: `cuda_api.load_cuda`), or `error` saying which
+    is missing."""
     try:
-        import pycuda.driver as cuda
         import tensorrt as trt
     except ImportError as exc:
+        raise error(f"tensorrt backend unavailable: {exc}") from exc
+    try:
+        cuda = load_cuda(error)
+    except BackendError as exc:
         raise error(f"tensorrt backend unavailable: {exc}") from exc
     return TrtModules(trt, cuda)
 
 
 def device_facts(modules: TrtModules | None = None, root: Path = Path("/")) -> DeviceFacts:
     """This machine's TensorRT version and GPU compute capability (CUDA must start), plus the L4T and
-    device-tree files under `root`. `modules`: tensorrt and pycuda.driver, imported when None."""
+    device-tree files under `root`. `modules`: tensorrt and the CUDA binding, imported when None."""
     m = modules or load_modules()
     m.cuda.init()
-    major, minor = m.cuda.Device(0).compute_capability()
+    major, minor = m.cuda.compute_capability(0)
     return DeviceFacts.read(root, tensorrt=str(m.trt.__version__), compute_capability=f"{major}.{minor}")
 
 
@@ -354,7 +362,7 @@ def translate(exc: BaseException, what: str, error: type[BackendError], version:
     text = str(exc)
     if isinstance(exc, TypeError) and "nullptr" in text:
         why = "TensorRT could not start (no usable NVIDIA GPU, or its CUDA driver does not start)"
-    elif "cuInit" in text or "no CUDA-capable device" in text:
+    elif "cuInit" in text or "no CUDA-capable device" in text or "CUDA_ERROR_NO_DEVICE" in text:
         why = f"CUDA does not start here (no usable NVIDIA GPU?): {text}"
     elif "out of memory" in text.lower() or isinstance(exc, MemoryError):
         why = f"out of GPU memory: {text}"

@@ -1,6 +1,9 @@
 """TensorRT engine building: ONNX -> a serialized, fixed-shape engine (``edged build-engine``,
-``model.build_on_device``). Version differences go through ``trt_api.TrtApi``; whatever TensorRT, CUDA
-or pycuda raise becomes a ``BackendError`` naming the reason (``trt_api.translate``)."""
+``model.build_on_device``). Version differences go through ``trt_api.TrtApi``, CUDA through ``cuda_api``
+(cuda-python or pycuda); whatever TensorRT or CUDA raise becomes a ``BackendError`` naming the reason
+(``trt_api.translate``). A build runs on its caller's thread from the context's push to its pop: everything
+that holds device memory (the calibrator's buffer, the engine deserialized to check the plan) is freed
+before the pop."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import numpy as np
 
 from edged.errors import BackendError, EdgedError, EngineLoadError
 
+from .cuda_api import CudaApi, CudaError
 from .trt_api import (
     BuilderOptions,
     Precision,
@@ -136,10 +140,16 @@ def _build(
     say = progress or (lambda msg: logger.info("%s", msg))
     start = time.monotonic()
     cuda.init()
-    device = cuda.Device(0)
-    major, minor = device.compute_capability()
-    ctx = device.retain_primary_context()
-    ctx.push()
+    major, minor = cuda.compute_capability(0)
+    ctx = cuda.retain_primary(0)
+    try:
+        cuda.push(ctx)
+    except BaseException:
+        cuda.release(ctx)
+        raise
+    calibrator: Any = None
+    engine: Any = None
+    runtime: Any = None
     try:
         log = make_logger(trt)
         builder = trt.Builder(log)
@@ -152,7 +162,8 @@ def _build(
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
         api.set_precision(config, precision)
         if calibration is not None:
-            api.set_calibrator(config, _entropy_calibrator(trt, cuda, calibration, calibration_cache))
+            calibrator = _entropy_calibrator(trt, cuda, calibration, calibration_cache)
+            api.set_calibrator(config, calibrator)
         api.set_options(config, opts)
         on_dla: list[str] = []
         on_gpu: list[str] = []
@@ -194,8 +205,14 @@ def _build(
             if built_layers is not None:
                 dla["engine_layers"] = built_layers
     finally:
-        ctx.pop()
-        ctx.detach()
+        # inside the context, before its pop: the calibrator's device buffer and the check's engine
+        engine = runtime = None
+        if calibrator is not None:
+            calibrator.free()
+        try:
+            cuda.pop()
+        finally:
+            cuda.release(ctx)
     seconds = time.monotonic() - start
     return BuiltEngine(out, api.version, f"{major}.{minor}", memory, seconds, precision, dla)
 
@@ -218,7 +235,7 @@ def cached_engine(
     m = modules or load_modules()
     try:
         facts = device_facts(m)
-    except (m.cuda.Error, RuntimeError, TypeError) as exc:
+    except (CudaError, RuntimeError, TypeError) as exc:
         raise translate(exc, "cannot build an engine on this device", BackendError) from exc
     precision = precision or TrtApi(m.trt).default_precision(onnx_precision(onnx_file))
     h = hashlib.sha256()
@@ -268,12 +285,20 @@ def cached_engines(
     return dict(sorted(engines.items())), compatibility
 
 
-def _entropy_calibrator(trt: Any, cuda: Any, batches: list[np.ndarray], cache_file: Path | None) -> Any:
+def _entropy_calibrator(trt: Any, cuda: CudaApi, batches: list[np.ndarray], cache_file: Path | None) -> Any:
+    """TensorRT's entropy calibrator over `batches`; its device buffer is the builder's to `free()` while the
+    context is current (garbage collection would free it after the pop)."""
+
     class Calibrator(trt.IInt8EntropyCalibrator2):  # type: ignore[misc]
         def __init__(self) -> None:
             trt.IInt8EntropyCalibrator2.__init__(self)
             self._batches = iter(batches)
             self._device = cuda.mem_alloc(batches[0].nbytes) if batches else None
+
+        def free(self) -> None:
+            if self._device is not None:
+                device, self._device = self._device, None
+                cuda.mem_free(device)
 
         def get_batch_size(self) -> int:
             return int(batches[0].shape[0]) if batches else 1
@@ -282,8 +307,8 @@ def _entropy_calibrator(trt: Any, cuda: Any, batches: list[np.ndarray], cache_fi
             batch = next(self._batches, None)
             if batch is None or self._device is None:
                 return None
-            cuda.memcpy_htod(self._device, np.ascontiguousarray(batch))
-            return [int(self._device)]
+            cuda.htod(self._device, batch)
+            return [cuda.device_ptr(self._device)]
 
         def read_calibration_cache(self) -> bytes | None:
             return cache_file.read_bytes() if cache_file and cache_file.is_file() else None

@@ -2,7 +2,7 @@
 # Install a jetson-jp6 bundle into a JetPack-layout rootfs (tests/nspawn/jetpack-rootfs.sh) the way a
 # device gets it: `install.sh --root` into the rootfs (nothing run for the target), then the first
 # boot's work (`firstboot.sh --enable`: venv from the bundle's wheels with the system site-packages,
-# pycuda, the model, `edged doctor`) in a chroot, offline. Never boots systemd. The cached rootfs is
+# cuda-python among them, the model, `edged doctor`) in a chroot, offline (no network namespace). Never boots systemd. The cached rootfs is
 # the read-only lower layer of an overlay in a private mount and network namespace: nothing is
 # written into the cache, and every mount disappears with this script.
 #
@@ -43,6 +43,12 @@ print("numpy", numpy.__version__, numpy.__file__)
 print("cv2", cv2.__version__, cv2.__file__)
 print("onnxruntime", onnxruntime.__version__)
 print("cv2 on numpy:", cv2.resize(numpy.zeros((4, 4, 3), numpy.uint8), (2, 2)).shape)
+import cuda.bindings.driver as d  # imports without a GPU or libcuda
+print("cuda-bindings", d.__file__)
+try:
+    print("cuInit:", d.cuInit(0))
+except Exception as exc:  # no libcuda here: the first driver call says so
+    print("cuInit:", type(exc).__name__, exc)
 ' >"$OUT/probe.txt" 2>&1
 # A model that needs TensorRT (built on the device): the doctor fails it, and the first boot refuses to enable edged.
 in_root env EDGED_MODEL__BUILD_ON_DEVICE=true runuser -u edged -- /opt/edged/venv/bin/edged doctor -c /etc/edged/edged.yaml \

@@ -1,1 +1,3 @@
 """A stand-in for pycuda (see ../README.md)."""
+
+VERSION_TEXT = "stand-in"

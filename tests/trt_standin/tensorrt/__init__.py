@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import warnings
 from typing import Any, ClassVar
 
@@ -25,6 +26,15 @@ def _builds() -> bool:
 # What each build was asked, in order (tests clear it): the ONNX file parsed, the network's creation flags,
 # the builder flags set, the profile's shapes, whether a calibrator calibrated or read its cache.
 BUILDS: list[dict[str, Any]] = []
+# The calls that do CUDA work inside TensorRT (deserialize, create a context, execute, destroy an engine), each
+# with its thread: (call, thread ident). Tests swap in a fresh list.
+CALLS: list[tuple[str, int]] = []
+
+
+def _rec(name: str) -> None:
+    CALLS.append((name, threading.get_ident()))
+
+
 # A stand-in plan: these bytes, then the profile's input name and shape as JSON (the engine deserialized from
 # it has that input and an output of as many rows), so an engine built at batch B reports batch B.
 PLAN_MAGIC = b"stand-in plan"
@@ -128,7 +138,11 @@ class _Engine:
         return TensorIOMode.INPUT if name == self._input else TensorIOMode.OUTPUT
 
     def create_execution_context(self) -> Any:
+        _rec("create_execution_context")
         return _Context()
+
+    def __del__(self) -> None:
+        _rec("engine.destroy")
 
     def create_engine_inspector(self) -> Any:
         return _Inspector()
@@ -147,6 +161,10 @@ class _Context:
     def set_tensor_address(self, name: str, address: int) -> bool:
         return True
 
+    def execute_async_v3(self, stream_handle: int) -> bool:
+        _rec("execute_async_v3")
+        return True
+
 
 def nptype(dtype: str) -> type:
     return np.float32
@@ -161,6 +179,7 @@ class Runtime:
         self.engine_host_code_allowed = False
 
     def deserialize_cuda_engine(self, plan: bytes) -> Any:
+        _rec("deserialize_cuda_engine")
         if _fault() == "corrupt":
             self._logger.log(  # what TensorRT 10 logs for a plan that is not one
                 ILogger.Severity.ERROR,

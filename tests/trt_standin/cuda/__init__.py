@@ -1,0 +1,1 @@
+"""A stand-in for cuda-python's `cuda` namespace (see ../README.md)."""

@@ -1,0 +1,3 @@
+"""A stand-in for cuda-bindings (see ../../README.md)."""
+
+__version__ = "stand-in"
