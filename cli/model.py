@@ -35,7 +35,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "golden",
         help="add a golden input/output pair to a package folder (checked at every swap)",
         description="Run the package's model (ONNX Runtime) on an image, preprocessed as the daemon does, and "
-        "store that batch (golden_input.npy) and the outputs (golden_output.npz) in the package folder, named "
+        "store that batch (golden_input.npz: exact, a palette of each channel's values, compressed) "
+        "and the outputs (golden_output.npz) in the package folder, named "
         "in manifest.json. A device loads a new version, runs the golden input and refuses to activate it "
         "unless every output is within atol + rtol * |expected|. The manifest changes, so sign again after.",
     )

@@ -97,17 +97,17 @@ def check_batch_values(pkg: Package) -> str | None:
     """Each larger batch of an ONNX package against its smallest, row for row, on the golden image (when the
     package has one) and random rows, within the golden pair's tolerance; PackageError(batch_mismatch) naming
     the batch, the output and the largest difference."""
-    import numpy as np
 
     from edged.daemon.backends import OnnxRuntimeBackend
     from edged.models.batchcheck import ATOL, RTOL, Run, check_batches
+    from edged.models.golden import load_input
 
     m = pkg.manifest
     paths = pkg.batch_paths
     if m.kind != "onnx" or len(paths) < 2:
         return None
     g = m.golden
-    golden = np.load(pkg.root / g.input, allow_pickle=False) if g is not None else None
+    golden = load_input(pkg.root / g.input) if g is not None else None
     backends = {b: OnnxRuntimeBackend(path, threads=1) for b, path in paths.items()}
     try:
 
@@ -136,6 +136,7 @@ def write_golden(folder: Path, image: Path, atol: float, rtol: float) -> str:
     from edged.daemon.backends import OnnxRuntimeBackend
     from edged.daemon.preprocess import Preprocessor
     from edged.errors import PackageError
+    from edged.models.golden import INPUT_FILE, OUTPUT_FILE, save_input
     from edged.models.package import verify_folder, write_package
     from edged.models.signing import SIG_FILE
 
@@ -152,18 +153,20 @@ def write_golden(folder: Path, image: Path, atol: float, rtol: float) -> str:
     batch = np.ascontiguousarray(np.broadcast_to(row, m.input.shape), dtype=m.input.dtype)
     with OnnxRuntimeBackend(pkg.model_path, threads=1) as backend:
         outputs = backend.infer({m.input.name: batch})
-    with open(folder / "golden_input.npy", "wb") as f:
-        np.save(f, batch, allow_pickle=False)
-    with open(folder / "golden_output.npz", "wb") as f:
-        np.savez(f, **outputs)  # type: ignore[arg-type]
+    save_input(folder / INPUT_FILE, batch, 1 if m.input.layout == "NCHW" else 3)  # exact, and small
+    with open(folder / OUTPUT_FILE, "wb") as f:
+        np.savez_compressed(f, **outputs)  # type: ignore[arg-type]
     fields = m.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
     if m.labels_file is None:
         fields["labels_file"] = None
-    fields["golden"] = {"input": "golden_input.npy", "output": "golden_output.npz", "atol": atol, "rtol": rtol}
-    files = {name: folder / name for name in m.files} | {
-        "golden_input.npy": folder / "golden_input.npy",
-        "golden_output.npz": folder / "golden_output.npz",
+    fields["golden"] = {"input": INPUT_FILE, "output": OUTPUT_FILE, "atol": atol, "rtol": rtol, "encoding": "palette"}
+    stale = {m.golden.input, m.golden.output} - {INPUT_FILE, OUTPUT_FILE} if m.golden is not None else set()
+    files = {name: folder / name for name in m.files if name not in stale} | {
+        INPUT_FILE: folder / INPUT_FILE,
+        OUTPUT_FILE: folder / OUTPUT_FILE,
     }
     (folder / SIG_FILE).unlink(missing_ok=True)  # the manifest changes: its old signature would not verify
     new = write_package(folder, fields, files)
+    for name in stale:  # an older pair's files (golden_input.npy), no longer listed: not sent with the package
+        (folder / name).unlink(missing_ok=True)
     return f"golden: {new.ref}: {len(outputs)} outputs for {image.name} (atol {atol:g}, rtol {rtol:g})"

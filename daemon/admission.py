@@ -5,13 +5,12 @@ plan_swap() count)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from edged.errors import Code, EngineLoadError, PackageError, SwapError
 from edged.models.batchcheck import ATOL, RTOL, check_batches
 from edged.models.footprint import working_bytes
+from edged.models.golden import load_input, load_output
 from edged.models.package import GoldenSpec, Package
 from edged.models.validate import Tensor, batch_spec, check_input
 
@@ -42,8 +41,8 @@ def golden_check(pkg: Package, backend: Backend) -> str | None:
         return None
     spec = pkg.manifest.input
     try:
-        x = np.load(pkg.root / g.input, allow_pickle=False)
-        expected = np.load(pkg.root / g.output, allow_pickle=False)
+        x = load_input(pkg.root / g.input)
+        expected = load_output(pkg.root / g.output)
     except (OSError, ValueError) as exc:
         raise SwapError(f"{pkg.ref}: golden files unreadable: {exc}", code=Code.GOLDEN_INVALID) from exc
     if list(x.shape) != list(spec.shape) or x.dtype != np.dtype(spec.dtype):
@@ -54,7 +53,7 @@ def golden_check(pkg: Package, backend: Backend) -> str | None:
     batches = fixed_batches(backend, spec.batch)
     for b in batches:  # each fixed batch the backend runs, on the golden input's first rows
         _golden_outputs(pkg, g, backend.infer({spec.name: x[:b]}), expected, b)
-    return f"golden check passed ({len(expected.files)} outputs" + (
+    return f"golden check passed ({len(expected)} outputs" + (
         f", at batches {list(batches)})" if len(batches) > 1 else ")"
     )
 
@@ -73,7 +72,7 @@ def batches_check(pkg: Package, backend: Backend) -> str | None:
     golden = None
     if g is not None:
         try:
-            golden = np.load(pkg.root / g.input, allow_pickle=False)
+            golden = load_input(pkg.root / g.input)
         except (OSError, ValueError) as exc:
             raise SwapError(f"{pkg.ref}: golden files unreadable: {exc}", code=Code.GOLDEN_INVALID) from exc
 
@@ -90,10 +89,12 @@ def batches_check(pkg: Package, backend: Backend) -> str | None:
     return f"batches {list(batches)} give row for row what batch {batches[0]} gives"
 
 
-def _golden_outputs(pkg: Package, g: GoldenSpec, got: dict[str, np.ndarray], expected: Any, rows: int) -> None:
+def _golden_outputs(
+    pkg: Package, g: GoldenSpec, got: dict[str, np.ndarray], expected: dict[str, np.ndarray], rows: int
+) -> None:
     at = f" at batch {rows}" if rows != pkg.manifest.input.batch else ""
-    for name in expected.files:
-        ref = expected[name][:rows]
+    for name, value in expected.items():
+        ref = value[:rows]
         out = got.get(name)
         if out is None or out.shape != ref.shape:
             raise SwapError(

@@ -7,7 +7,8 @@
                   the broker is connected, the spool is writable and inference is not paused;
                   503 {"status": "not ready", "reasons": [...]} otherwise (each reason a sentence)
     GET /metrics  OpenMetrics / Prometheus text (prometheus-client), read from the running parts at each
-                  scrape: counters for what telemetry counts, gauges for states, latencies and sensors
+                  scrape: counters for what telemetry counts, gauges for states and sensors, histograms
+                  for latencies (since the start, daemon/latency.py's buckets)
 
 It answers while the broker is away (telemetry, QoS 0, is lost then). Scrapes never touch telemetry's
 rate state: rates are Prometheus's business (``rate(edged_camera_frames_total[1m])``); ``edged_inference_fps``
@@ -24,7 +25,13 @@ from collections.abc import Callable, Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -34,6 +41,7 @@ from .capture import Camera, Throttle
 from .consumer_config import HealthConfig
 from .governor import Governor
 from .inference import InferenceLoop
+from .latency import Histogram
 from .publish import Publisher
 from .sensors import process_memory_mb
 from .swap import ModelManager
@@ -129,9 +137,9 @@ class Probe(Collector):
         yield _counter("edged_inference_batches", "batches run", st.batches)
         yield _counter("edged_inference_padded_rows", "padding rows in short batches", st.padded_rows)
         yield _counter("edged_inference_errors", "inference errors", st.errors)
-        yield _quantiles("edged_inference_latency_seconds", "inference time per batch", st.infer_ms.percentiles())
-        yield _quantiles(
-            "edged_capture_to_result_seconds", "from capture to result", st.capture_to_result_ms.percentiles()
+        yield _histogram("edged_inference_latency_seconds", "inference time per batch", st.infer_ms.histogram())
+        yield _histogram(
+            "edged_capture_to_result_seconds", "from capture to result, per frame", st.capture_to_result_ms.histogram()
         )
         yield _counter("edged_model_swaps", "model swaps done", self.models.swaps)
         yield from self._mqtt()
@@ -151,6 +159,7 @@ class Probe(Collector):
                 ("reconnects", "reconnections"),
                 ("stalls", "stalls (no frame for stall_timeout_s)"),
                 ("errors", "capture errors"),
+                ("frames_refused", "frames over max_frame_pixels, refused before decoding"),
             )
         }
         skipped = CounterMetricFamily("edged_camera_skipped_frames", "frames motion gating skipped", labels=["camera"])
@@ -233,12 +242,12 @@ def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, text, value=float(value))
 
 
-def _quantiles(name: str, text: str, ms: dict[str, float]) -> GaugeMetricFamily:
-    """Telemetry's window percentiles (p50/p95/p99, ms) as a gauge with a quantile label, in seconds."""
-    fam = GaugeMetricFamily(name, text + " (percentiles of the recent window)", labels=["quantile"])
-    for key, v in ms.items():
-        fam.add_metric([str(int(key[1:]) / 100)], v / 1000.0)
-    return fam
+def _histogram(name: str, text: str, h: Histogram) -> HistogramMetricFamily:
+    """Counts since the start per latency bucket (daemon/latency.py's, in ms), in seconds: cumulative
+    `_bucket{le=...}`, `_sum`, `_count`."""
+    buckets = [(repr(b / 1000.0), float(n)) for b, n in zip(h.bounds_ms, h.cumulative, strict=True)]
+    buckets.append(("+Inf", float(h.count)))
+    return HistogramMetricFamily(name, f"{text} (since the daemon started)", buckets=buckets, sum_value=h.sum_ms / 1e3)
 
 
 class HealthServer:

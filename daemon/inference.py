@@ -36,6 +36,7 @@ from .backends import Backend
 from .backends.base import fixed_batches
 from .capture import Camera, FrameMeta
 from .decoders import DecodeOptions, Decoder, Detection
+from .latency import Window as Window  # re-exported: daemon/telemetry.py takes it from here
 from .motion import MotionGate
 
 logger = logging.getLogger(__name__)
@@ -54,25 +55,6 @@ class Result:
     @property
     def capture_to_result_ms(self) -> float:
         return (self.done_mono - self.meta.captured_mono) * 1000.0
-
-
-class Window:
-    """The last `size` samples of a quantity, for percentiles in telemetry."""
-
-    def __init__(self, size: int = 2048) -> None:
-        self._d: deque[float] = deque(maxlen=size)
-        self._lock = threading.Lock()
-
-    def add(self, v: float) -> None:
-        with self._lock:
-            self._d.append(v)
-
-    def percentiles(self, qs: Sequence[float] = (50, 95, 99)) -> dict[str, float]:
-        with self._lock:
-            data = np.fromiter(self._d, float, len(self._d))
-        if data.size == 0:
-            return {}
-        return {f"p{int(q)}": round(float(v), 2) for q, v in zip(qs, np.percentile(data, qs), strict=True)}
 
 
 RECENT_ROWS = 5000  # the newest rows' output each model keeps for probation (probation_output_frames <= this)

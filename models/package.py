@@ -107,13 +107,18 @@ class DecoderSpec(_Strict):
 
 
 class GoldenSpec(_Strict):
-    """A warm-up check: the model's outputs for `input` (a .npy batch) must match `output` (a .npz of
-    output name -> array) within atol + rtol * |expected|, or the package is never activated."""
+    """A warm-up check: the model's outputs for `input` must match `output` (a .npz of output name -> array)
+    within atol + rtol * |expected|, or the package is never activated. `input` is the batch in edged's
+    exact compressed encoding (golden_input.npz, models/golden.py) or, in packages made before it, a plain
+    .npy; models/golden.py's load_input reads either."""
 
     input: str
     output: str
     atol: float = Field(1e-3, ge=0)
     rtol: float = Field(1e-2, ge=0)
+    # "palette": golden_input.npz (None: an old package's plain .npy). Also the gate for older devices: their
+    # manifests forbid unknown keys, so they refuse such a package at its offer, naming golden.encoding
+    encoding: Literal["palette"] | None = None
 
 
 class FileEntry(_Strict):

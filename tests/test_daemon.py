@@ -18,7 +18,7 @@ from edged.protocol import RESULT_SCHEMA, schema
 from .conftest import base_config, free_port, seq_gaps, wait_until, write_config
 from .test_capture import mjpeg_server
 
-SCHEMA = schema(RESULT_SCHEMA)  # the shipped file, protocol/schemas/result.schema.json
+SCHEMA = schema(RESULT_SCHEMA)  # the shipped file, protocol/schemas/result2.schema.json
 
 
 def iou(a: list[float], b: list[float]) -> float:

@@ -21,6 +21,7 @@ from edged.daemon.inference import warm_up
 from edged.daemon.swap import check_io, estimate_mb, golden_check
 from edged.errors import EngineLoadError, InferenceError, PackageError, SwapError
 from edged.models.demo import DemoAssets
+from edged.models.golden import load_input
 from edged.models.package import Package, parse_manifest, verify_folder, write_package
 
 from .conftest import base_config, edged_cli, wait_until, write_config
@@ -68,7 +69,7 @@ def test_init_writes_every_batch_and_the_old_format_is_unchanged(built: dict[str
     single, multi = built["single"], built["multi"]
     assert multi.manifest.batch_files == {1: "model.b1.onnx", 4: "model.onnx"}
     assert multi.manifest.input.shape == single.manifest.input.shape == [4, 256, 256, 3]
-    assert set(multi.manifest.files) == {"model.onnx", "model.b1.onnx", "golden_input.npy", "golden_output.npz"}
+    assert set(multi.manifest.files) == {"model.onnx", "model.b1.onnx", "golden_input.npz", "golden_output.npz"}
     # a single-batch manifest has no extra_batches key at all: it reads (and is written) as before
     assert single.manifest.batch_files == {4: "model.onnx"} and b"extra_batches" not in single.manifest_bytes
     old = demo.packages["blazeface-back"]
@@ -107,7 +108,7 @@ def test_batch_set_runs_each_batch_and_checks_each_golden(built: dict[str, Any],
         warm_up(backend, spec, 1)
         checked = golden_check(multi, backend)
         assert checked == "golden check passed (4 outputs, at batches [1, 4])"
-        x = np.load(multi.root / "golden_input.npy")
+        x = load_input(multi.root / "golden_input.npz")
         four, one = backend.infer({spec.name: x}), backend.infer({spec.name: x[:1]})
         for name, value in one.items():  # row for row the same numbers at either batch
             assert value.shape[0] == 1 and np.array_equal(value[0], four[name][0]), name
@@ -194,7 +195,7 @@ def test_quantize_carries_every_batch(built: dict[str, Any], tmp_path: Path) -> 
     pkg = verify_folder(out)
     assert pkg.manifest.precision == "int8" and pkg.manifest.batch_files == {1: "model.b1.onnx", 4: "model.onnx"}
     spec = pkg.manifest.input
-    x = np.load(built["single"].root / "golden_input.npy")
+    x = load_input(built["single"].root / "golden_input.npz")
     with BatchSet({b: OnnxRuntimeBackend(p, threads=1) for b, p in pkg.batch_paths.items()}) as backend:
         check_io(pkg, backend)
         four, one = backend.infer({spec.name: x}), backend.infer({spec.name: x[:1]})

@@ -223,7 +223,7 @@ def test_a_golden_mismatch_is_never_activated(
     r = edged_cli("model", "golden", str(folder), "--image", str(tmp_path / "frame.png"))
     assert r.returncode == 0, r.stderr
     golden = json.loads((folder / "manifest.json").read_text())["golden"]
-    extra = {"golden_input.npy": folder / "golden_input.npy", "golden_output.npz": folder / "golden_output.npz"}
+    extra = {golden[k]: folder / golden[k] for k in ("input", "output")}
     good = build(demo, tmp_path, signer, 2, files=extra, golden=golden)
     m = onnx.load(str(src.model_path))
     biggest = max(m.graph.initializer, key=lambda t: int(np.prod(t.dims)))
