@@ -10,6 +10,8 @@ import logging
 import sys
 from pathlib import Path
 
+from .broker import add_broker_flags, broker_flags
+
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w = sub.add_parser(
@@ -25,14 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     w.add_argument("-c", "--config", type=Path, help="a YAML file whose mqtt section to use (and device_id, if any)")
     w.add_argument("--device", metavar="ID", help="the device to watch (default: the config's device_id)")
-    w.add_argument("--host", help="broker host (default: the config's, else 127.0.0.1)")
-    w.add_argument("--port", type=int, help="broker port (default: the config's, else 1883; 8883 with --cafile)")
-    w.add_argument("--prefix", help="topic prefix (default: the config's, else edged)")
-    w.add_argument("--cafile", type=Path, metavar="FILE", help="TLS: the CA that signed the broker's certificate")
-    w.add_argument("--cert", type=Path, metavar="FILE", help="TLS: our client certificate (with --key)")
-    w.add_argument("--key", type=Path, metavar="FILE", help="TLS: our client key (with --cert)")
-    w.add_argument("--username", help="MQTT user name")
-    w.add_argument("--password-file", type=Path, metavar="FILE", help="a file holding the MQTT password")
+    add_broker_flags(w)
     w.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
     w.add_argument("--count", type=int, metavar="N", help="stop after N results")
     w.add_argument("--only-detections", action="store_true", help="print only results that have detections")
@@ -59,18 +54,7 @@ def _watch(args: argparse.Namespace) -> int:
     from edged.cli.watch import watch
     from edged.daemon.config import watch_settings
 
-    cfg, device = watch_settings(
-        args.config,
-        device=args.device,
-        host=args.host,
-        port=args.port,
-        prefix=args.prefix,
-        cafile=args.cafile,
-        cert=args.cert,
-        key=args.key,
-        username=args.username,
-        password_file=args.password_file,
-    )
+    cfg, device = watch_settings(args.config, broker_flags(args), device=args.device)
     logging.getLogger().setLevel(logging.WARNING)
     n = watch(cfg, device, args.duration, args.count, args.snapshot, args.video, only_detections=args.only_detections)
     print(f"watch: {n} results", file=sys.stderr)

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .broker import add_broker_flags, broker_flags
+
 if TYPE_CHECKING:
     from edged.daemon.config import MqttConfig
 
@@ -100,14 +102,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="stop the transfer each --device runs (no package): it drops its files and publishes cancelled",
     )
     push.add_argument("-c", "--config", type=Path, help="a config file whose mqtt section to use (TLS, credentials)")
-    push.add_argument("--host", help="broker host (default: the config's, else 127.0.0.1)")
-    push.add_argument("--port", type=int, help="broker port (default: the config's, else 1883)")
-    push.add_argument("--prefix", help="topic prefix (default: the config's, else edged)")
-    push.add_argument("--cafile", type=Path, metavar="FILE", help="TLS: the CA that signed the broker's certificate")
-    push.add_argument("--cert", type=Path, metavar="FILE", help="TLS: our client certificate (with --key)")
-    push.add_argument("--key", type=Path, metavar="FILE", help="TLS: our client key (with --cert)")
-    push.add_argument("--username", help="MQTT user name")
-    push.add_argument("--password-file", type=Path, metavar="FILE", help="a file holding the MQTT password")
+    add_broker_flags(push)
     push.set_defaults(func=_push)
 
 
@@ -116,18 +111,7 @@ def _broker(args: argparse.Namespace) -> MqttConfig:
     from edged.daemon.config import MqttConfig, load_mqtt_config
     from edged.daemon.mqtt_config import with_flags
 
-    return with_flags(
-        load_mqtt_config(args.config) if args.config else MqttConfig(),
-        args.config,
-        host=args.host,
-        port=args.port,
-        prefix=args.prefix,
-        cafile=args.cafile,
-        cert=args.cert,
-        key=args.key,
-        username=args.username,
-        password_file=args.password_file,
-    )
+    return with_flags(load_mqtt_config(args.config) if args.config else MqttConfig(), args.config, broker_flags(args))
 
 
 def _push(args: argparse.Namespace) -> int:

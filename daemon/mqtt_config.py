@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -115,24 +116,31 @@ def _read_mqtt(path: Path, environ: Mapping[str, str]) -> tuple[MqttConfig, dict
     return resolve_mqtt(mqtt, path_fixer(path, environ)), raw
 
 
+@dataclass(frozen=True)
+class BrokerFlags:
+    """An operator tool's broker flags (`edged watch`, `edged push`: ``cli/broker.py`` adds them); None
+    where not given. Paths are taken as given (relative to the working directory)."""
+
+    host: str | None = None
+    port: int | None = None
+    prefix: str | None = None
+    cafile: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    username: str | None = None
+    password_file: Path | None = None
+
+
 def watch_settings(
     path: Path | None,
+    flags: BrokerFlags = BrokerFlags(),
     *,
     device: str | None = None,
-    host: str | None = None,
-    port: int | None = None,
-    prefix: str | None = None,
-    cafile: Path | None = None,
-    cert: Path | None = None,
-    key: Path | None = None,
-    username: str | None = None,
-    password_file: Path | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> tuple[MqttConfig, str]:
     """What a subscriber (`edged watch`) needs and nothing more: the broker settings of `path` (any file
     with an `mqtt:` section, or none) with its ``EDGED_MQTT__*`` overrides, as the daemon reads them, and the
-    given flags over those; the device id (`device`, else the file's `device_id` or ``EDGED_DEVICE_ID``).
-    Flag paths are taken as given (relative to the working directory)."""
+    given flags over those; the device id (`device`, else the file's `device_id` or ``EDGED_DEVICE_ID``)."""
     mqtt = MqttConfig()
     if path is not None:
         mqtt, raw = _read_mqtt(path, os.environ if environ is None else environ)
@@ -143,51 +151,28 @@ def watch_settings(
         raise ConfigError(f"{where}no device to watch: give --device ID (or a config with a device_id)")
     if not TOPIC_NAME.match(device):
         raise ConfigError(f"device {device!r}: must be 1-64 of letters, digits, '_', '.', '-' (it is a topic level)")
-    given = with_flags(
-        mqtt,
-        path,
-        host=host,
-        port=port,
-        prefix=prefix,
-        cafile=cafile,
-        cert=cert,
-        key=key,
-        username=username,
-        password_file=password_file,
-    )
-    return given, device
+    return with_flags(mqtt, path, flags), device
 
 
-def with_flags(
-    mqtt: MqttConfig,
-    path: Path | None,
-    *,
-    host: str | None = None,
-    port: int | None = None,
-    prefix: str | None = None,
-    cafile: Path | None = None,
-    cert: Path | None = None,
-    key: Path | None = None,
-    username: str | None = None,
-    password_file: Path | None = None,
-) -> MqttConfig:
+def with_flags(mqtt: MqttConfig, path: Path | None, flags: BrokerFlags) -> MqttConfig:
     """An operator tool's broker settings (`edged watch`, `edged push`): its flags over `mqtt` (read from
-    `path`, or the defaults). Flag paths are taken as given; --cert/--key need --cafile; without a file or
-    --port, --cafile means port 8883."""
+    `path`, or the defaults). --cert/--key need --cafile; without a file or --port, --cafile means port 8883."""
+    f = flags
     where = f"{path}: " if path is not None else ""
     doc: dict[str, Any] = mqtt.model_dump()
-    doc.update({k: v for k, v in (("host", host), ("port", port), ("topic_prefix", prefix)) if v is not None})
-    if username is not None:
-        doc["username"] = username
-    if password_file is not None:
-        doc["password_file"] = password_file
-    if cafile is not None or cert is not None or key is not None:
+    doc.update({k: v for k, v in (("host", f.host), ("port", f.port), ("topic_prefix", f.prefix)) if v is not None})
+    if f.username is not None:
+        doc["username"] = f.username
+    if f.password_file is not None:
+        doc["password_file"] = f.password_file
+    if f.cafile is not None or f.cert is not None or f.key is not None:
         tls = dict(doc["tls"] or {})
-        tls.update({k: v for k, v in (("ca_file", cafile), ("cert_file", cert), ("key_file", key)) if v is not None})
+        given = (("ca_file", f.cafile), ("cert_file", f.cert), ("key_file", f.key))
+        tls.update({k: v for k, v in given if v is not None})
         if "ca_file" not in tls:
             raise ConfigError(f"{where}--cert/--key need --cafile (the CA that signed the broker's certificate)")
         doc["tls"] = tls
-        if port is None and path is None:
+        if f.port is None and path is None:
             doc["port"] = 8883  # MQTT over TLS
     try:
         return MqttConfig.model_validate(doc)
