@@ -31,18 +31,14 @@ from edged.models.package import Package, open_package, sha256_file, write_packa
 from edged.models.rebatch import rebatch
 from edged.quantize.engine import build_engine_package
 from tests.trt_standin import tensorrt as standin_trt
-from tests.trt_standins import use_standins
+from tests.trt_standins import standin_builds
 
 FRAMES = 8  # two batches of the model's 4
 
 
 @pytest.fixture
 def building(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    monkeypatch.setenv("TRT_STANDIN_BUILD", "1")
-    monkeypatch.delenv("TRT_STANDIN_FAULT", raising=False)
-    use_standins(monkeypatch)
-    monkeypatch.setattr(standin_trt, "BUILDS", [])
-    return standin_trt.BUILDS
+    return standin_builds(monkeypatch)
 
 
 @pytest.fixture(scope="module")

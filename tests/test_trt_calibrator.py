@@ -20,18 +20,14 @@ from edged.daemon.backends.trt_build import build_engine
 from edged.errors import BackendError
 from edged.models.demo import DemoAssets
 from tests.trt_standin import tensorrt as standin_trt
-from tests.trt_standins import use_standins
+from tests.trt_standins import standin_builds, use_standins
 
 SHAPE = (4, 128, 128, 3)
 
 
 @pytest.fixture
 def building(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    monkeypatch.setenv("TRT_STANDIN_BUILD", "1")
-    monkeypatch.delenv("TRT_STANDIN_FAULT", raising=False)
-    use_standins(monkeypatch)
-    monkeypatch.setattr(standin_trt, "BUILDS", [])
-    return standin_trt.BUILDS
+    return standin_builds(monkeypatch)
 
 
 def calibrate(demo: DemoAssets, tmp_path: Path) -> str:

@@ -40,7 +40,7 @@ from edged.quantize.engine import build_engine_package
 from tests.conftest import base_config, write_config
 from tests.trt_standin import tensorrt as standin_trt
 from tests.trt_standin.pycuda import driver as standin_cuda
-from tests.trt_standins import use_standins
+from tests.trt_standins import standin_builds
 
 SHAPE = (256, 256, 3)  # BlazeFace back's input row
 
@@ -52,11 +52,7 @@ class Nowhere:
 @pytest.fixture
 def building_tensorrt(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """`import tensorrt` / `pycuda.driver` get the stand-ins, whose builder builds; returns what it was asked."""
-    monkeypatch.setenv("TRT_STANDIN_BUILD", "1")
-    monkeypatch.delenv("TRT_STANDIN_FAULT", raising=False)
-    use_standins(monkeypatch)
-    monkeypatch.setattr(standin_trt, "BUILDS", [])
-    return standin_trt.BUILDS
+    return standin_builds(monkeypatch)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import find them, for one test (monkeypatch undoes it): pycuda by default, or cu
 from __future__ import annotations
 
 import sys
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 
@@ -38,3 +38,13 @@ def use_standins(monkeypatch: pytest.MonkeyPatch, no_gpu_check: bool = True, bin
             monkeypatch.setitem(sys.modules, name, None)
     if no_gpu_check:
         monkeypatch.setattr(loader, "tensorrt_unavailable_reason", lambda: None)
+
+
+def standin_builds(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The stand-ins in place, with a builder that builds: returns the list of what each build was asked
+    (tensorrt stand-in's BUILDS, fresh for the test)."""
+    monkeypatch.setenv("TRT_STANDIN_BUILD", "1")
+    monkeypatch.delenv("TRT_STANDIN_FAULT", raising=False)
+    use_standins(monkeypatch)
+    monkeypatch.setattr(standin_trt, "BUILDS", [])
+    return standin_trt.BUILDS
