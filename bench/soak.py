@@ -8,6 +8,9 @@ target about 0), the governor's own CPU time as a share of one core (target < 1 
 alone, the cost of one sensor read on this machine and on the largest fixture tree (AGX Orin).
 
     python bench/soak.py [--minutes 10] [--warmup-s 60] [--out bench/out]
+
+The same daemon under faults (broker kills, SIGSTOP, SIGHUP, camera restarts, an OTA push), with every
+result counted and its fds, threads, spool and disk watched too, is bench/soak_chaos.py.
 """
 
 from __future__ import annotations
