@@ -46,7 +46,7 @@ from .loader import ModelLoader
 from .ota import OtaReceiver
 from .preprocess import Preprocessor
 from .publish import Publisher, iso
-from .sensors import Sensors, process_memory_mb, rss_mb
+from .sensors import Sensors, process_memory_mb, rss_mb, trim_heap
 from .spool import Spool
 from .startup import Signals, StateLock, StoppedBeforeStart
 from .swap import ModelManager
@@ -59,6 +59,7 @@ logger = logging.getLogger(__name__)
 # slow first connection on a busy machine) before it stops and says so: generous, yet a script that runs
 # `edged run --duration S` with every camera down still ends.
 FIRST_BATCH_WAIT_S = 60.0
+TRIM_EVERY_S = 60.0  # sensors.trim_heap: a few ms on a few hundred MB of heap, once a minute
 
 
 class Daemon:
@@ -366,6 +367,7 @@ class Daemon:
         ready_at = time.monotonic()
         first_batch_at: float | None = None  # the run's duration counts from here
         next_tel = ready_at + self.cfg.telemetry.interval_s
+        next_trim = ready_at + TRIM_EVERY_S
         try:
             while not self.stop_event.is_set():
                 now = time.monotonic()
@@ -405,6 +407,10 @@ class Daemon:
                             self._event(ev)
                 if self.homeassistant is not None:
                     self.homeassistant.tick()  # discovery at each connect; states follow the counts
+                if now >= next_trim:  # what swaps and reopens freed goes back to the system, not to a high water
+                    if (released := trim_heap()) >= 16:
+                        logger.info("memory: %.0f MB of freed heap returned to the system", released)
+                    next_trim = now + TRIM_EVERY_S
                 if now >= next_tel:
                     self.lock.check()  # a state directory deleted while running: the lock is taken again
                     self.publisher.publish_json(topics.TELEMETRY, self.telemetry.document(), qos=0, retain=True)
