@@ -56,7 +56,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _run(args: argparse.Namespace) -> int:
     # Signals first (before the heavy imports): a SIGTERM in any phase is a clean stop, a SIGHUP never kills.
-    from edged.daemon.startup import Signals, StateLock, StoppedBeforeStart
+    from edged.daemon.startup import Signals, StateLock
+    from edged.errors import StoppedBeforeStart
 
     signals = Signals()
     signals.install()

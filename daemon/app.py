@@ -24,6 +24,7 @@ from typing import Any
 
 from paho.mqtt.properties import Properties
 
+from edged.errors import StoppedBeforeStart
 from edged.models.package import Package
 from edged.models.store import Store
 from edged.protocol import topics
@@ -48,7 +49,7 @@ from .preprocess import Preprocessor
 from .publish import Publisher, iso
 from .sensors import Sensors, process_memory_mb, rss_mb, trim_heap
 from .spool import Spool
-from .startup import Signals, StateLock, StoppedBeforeStart
+from .startup import Signals, StateLock
 from .swap import ModelManager
 from .systemd import Watchdog, notify, set_log_model
 from .telemetry import RunSummary, Telemetry

@@ -31,6 +31,7 @@ from edged.errors import (
     PackageError,
     PublishError,
     StateDirError,
+    StoppedBeforeStart,
     SwapError,
 )
 from edged.models.package import Package, open_package
@@ -43,7 +44,6 @@ from .config import Config
 from .decoders import Decoder, build_decoder
 from .governor import admit
 from .sensors import rss_mb
-from .startup import StoppedBeforeStart
 from .swap import batches_check, check_io, estimate_mb
 from .systemd import notify
 

@@ -43,7 +43,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from .spool_file import CLOCK_SAVE_INTERVAL_S, SpoolCorrupt, SpoolError, SpoolFile
+from edged.errors import SpoolCorrupt, SpoolError
+
+from .spool_file import CLOCK_SAVE_INTERVAL_S, SpoolFile
 
 __all__ = ["Row", "Spool", "SpoolCorrupt", "SpoolError"]
 

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from edged.errors import Code, PublishError
+from edged.errors import SpoolCorrupt as SpoolCorrupt  # defined in edged.errors, importable here as before
+from edged.errors import SpoolError as SpoolError
 
 logger = logging.getLogger("edged.daemon.spool")
 _T = TypeVar("_T")
@@ -53,18 +54,6 @@ CREATE TABLE IF NOT EXISTS messages (
 )
 CLOCK_SAVE_INTERVAL_S = 60.0  # the spool clock is saved this often (and at close); the newest row carries it too
 COLUMNS = "id, topic, payload, qos, created, size, clock_s"
-
-
-class SpoolError(PublishError):
-    """The spool's storage failed: disk full, an I/O error, a file that cannot be (re)created."""
-
-    code = Code.SPOOL_FAILED
-
-
-class SpoolCorrupt(SpoolError):
-    """The spool file is not a database, or a malformed one."""
-
-    code = Code.SPOOL_CORRUPT
 
 
 def _corrupt(exc: sqlite3.Error) -> bool:

@@ -34,10 +34,6 @@ logger = logging.getLogger(__name__)
 LOCK_FILE = "edged.lock"
 
 
-class StoppedBeforeStart(Exception):
-    """A stop signal came before the model was opened: `edged run` exits 0 without loading it."""
-
-
 class StateLock:
     """The exclusive lock on a state directory, held from before anything in it is touched until exit.
 

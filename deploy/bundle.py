@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Literal
 
 from edged import __version__
-from edged.errors import Code, EdgedError
+from edged.errors import BundleError as BundleError  # defined in edged.errors, importable here as before
 from edged.models.package import open_package
 from edged.models.signing import SigningKey
 from edged.progress import Eta
@@ -94,10 +94,6 @@ GPU_CHECK_FILES = (
     "tests/test_tensorrt.py",
 )
 Machine = Literal["aarch64", "x86_64"]
-
-
-class BundleError(EdgedError):
-    code = Code.BUNDLE_FAILED
 
 
 @dataclass(frozen=True)

@@ -35,12 +35,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from edged.errors import Code, EdgedError
+from edged.errors import CertError as CertError  # defined in edged.errors, importable here as before
 
-
-class CertError(EdgedError):
-    code = Code.CERTS_FAILED
-
+from .acl import site_acl
 
 CRL_DAYS = 365  # a CRL's next update: mosquitto refuses every client once it has passed
 BROKER_GROUP = "mosquitto"  # the user and group mosquitto drops to when started as root
@@ -304,70 +301,17 @@ def status(folder: Path) -> list[Expiry]:
     return found
 
 
-# mosquitto's ACL for a site; {p} is the topic prefix. systemd/mosquitto/edged.acl is acl("edged")
-# (tests/test_site.py checks they agree and runs mosquitto with it).
-_ACL = """\
-# mosquitto ACL for an edged site (acl_file in edged.conf), topic prefix `{p}`: made by
-# `edged certs acl --prefix {p}`. A site whose devices set another mqtt.topic_prefix makes its own
-# with `edged certs acl --prefix PREFIX > /etc/mosquitto/edged.acl` (then SIGHUP mosquitto). Every
-# client's user name is its certificate's CN (use_identity_as_username). The topics are those edged's
-# daemon, `edged push` and `edged watch` use (docs/operator.md, Broker security).
-#
-# A device (CN = its device id) reads its own commands and OTA chunks, and writes only what the
-# daemon publishes, under its own prefix: it can neither publish into another device's topics, read
-# another device's commands, nor send commands (an OTA offer is cmd/ota) or OTA data, not even to
-# itself. `pattern` lines apply to every client, the backend included.
-pattern read {p}/%u/cmd/+
-pattern read {p}/%u/ota/data
-pattern write {p}/%u/status
-pattern write {p}/%u/results/+
-pattern write {p}/%u/events
-pattern write {p}/%u/telemetry
-pattern write {p}/%u/model/state
-pattern write {p}/%u/snapshot/+
-pattern write {p}/%u/ota/req
-pattern write {p}/%u/ota/status
-# replies: the default one (…/cmd/<verb>/reply) and a response topic in the device's own namespace,
-# an `edged push` offer's included (…/reply/_push/<transfer>); a command's response topic is confined to
-# these (docs/subscriber.md, Commands).
-pattern write {p}/%u/cmd/+/reply
-pattern write {p}/%u/reply/#
-# Home Assistant discovery (homeassistant.enabled, discovery prefix `homeassistant`): the device's
-# per-camera states and its own discovery configs (the node id is the device id).
-pattern write {p}/%u/ha/+
-pattern write homeassistant/sensor/%u/+/config
-# a rollout's retained offer to a group (…/_groups/<group>/ota): read by every device, signed as every offer
-pattern read {p}/_groups/+/ota
-
-# The site's backend (CN = backend, `edged certs backend`; no device may be named so): reads every
-# device (results, status and its last will, group discovery, replies, OTA requests and status), sends
-# commands (cmd/ota is an OTA offer) and serves OTA chunks (`edged push`). It cannot forge what a
-# device publishes.
-user backend
-topic read {p}/#
-topic write {p}/+/cmd/+
-topic write {p}/+/ota/data
-topic write {p}/_groups/+/ota
-topic readwrite {p}/_push/+/sync
-topic readwrite backend/#
-
-# Home Assistant's MQTT integration (CN = homeassistant, `edged certs device homeassistant`): reads the
-# discovery configs, the devices' states and availability, and announces its own birth (its status).
-user homeassistant
-topic read homeassistant/#
-topic write homeassistant/status
-topic read {p}/+/status
-topic read {p}/+/ha/+
-"""
 _PREFIX_LEVEL = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 def acl(prefix: str = "edged") -> str:
-    """mosquitto's ACL for an edged site whose devices use `prefix` (mqtt.topic_prefix)."""
+    """mosquitto's ACL for an edged site whose devices use `prefix` (mqtt.topic_prefix), made from the topic table
+    (deploy/acl.py). systemd/mosquitto/edged.acl is acl("edged") (tests/test_site.py checks they agree and runs
+    mosquitto with it)."""
     levels = prefix.split("/")
     if any(not _PREFIX_LEVEL.match(level) for level in levels) or levels[0] == BACKEND:
         raise CertError(
             f"{prefix!r} cannot be a topic prefix in an ACL: topic levels of letters, digits, '_', '.', '-' "
             f"joined by '/', not starting with {BACKEND!r} (the backend's own topics)"
         )
-    return _ACL.format(p=prefix)
+    return site_acl(prefix)

@@ -51,6 +51,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edged.errors import Code, EdgedError
+from edged.errors import RolloutError as RolloutError  # importable here as before
 from edged.protocol import topics
 from edged.protocol.client import MqttSettings
 from edged.protocol.ota import group_offer_payload, offer_args
@@ -60,7 +61,7 @@ from .push import Device, Wait, report
 from .rollout_pusher import RolloutPusher
 
 # the plan and the state file live in rollout_state.py; re-exported: `from edged.deploy.rollout import plan_waves`
-from .rollout_state import FAILED, OK, Rollout, RolloutError, open_rollout, running_lock
+from .rollout_state import FAILED, OK, Rollout, open_rollout, running_lock
 from .rollout_state import SAVE_EVERY_S as SAVE_EVERY_S
 from .rollout_state import SCHEMA as SCHEMA
 from .rollout_state import allowed_failures as allowed_failures

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TextIO
 
-from edged.errors import Code, EdgedError
+from edged.errors import Code
+from edged.errors import RolloutError as RolloutError  # defined in edged.errors, importable here as before
 from edged.models.storefiles import read_head, write_atomic
 
 from .push import Device, Wait
@@ -24,10 +25,6 @@ SCHEMA = "edged.rollout/1"
 SAVE_EVERY_S = 0.5
 OK = ("committed", "unchanged")
 FAILED = ("rejected", "failed", "rolled_back", "timed_out")
-
-
-class RolloutError(EdgedError):
-    """A rollout's state cannot be used (another package's, aborted, unreadable)."""
 
 
 def parse_waves(text: str) -> list[float]:

@@ -19,7 +19,25 @@
     ├── SwapError                   a model swap was refused or failed
     ├── StateDirError               the state directory cannot be written, or another edged holds its lock
     ├── CertError                   certificates could not be made (deploy/certs.py)
-    └── BundleError                 a deploy bundle could not be built or installed (deploy/bundle.py)
+    ├── BundleError                 a deploy bundle could not be built or installed (deploy/bundle.py)
+    └── RolloutError                a rollout's state cannot be used: another package's, aborted, unreadable
+                                    (deploy/rollout_state.py)
+
+Two more live here but outside `EdgedError`, because callers tell them apart from it:
+
+    RuntimeError
+    └── CudaError                   a CUDA driver call failed (daemon/backends/cuda_api.py); never leaves the
+                                    TensorRT backend: ``trt_api.translate`` turns it into an EngineLoadError,
+                                    InferenceError or BackendError with its reason (an EdgedError would be
+                                    passed on untranslated)
+    Exception
+    └── StoppedBeforeStart          not a failure: a stop signal came before the model was opened, and
+                                    `edged run` exits 0 without loading it (daemon/startup.py)
+
+Every public exception class of edged is defined in this file (tests/test_errors_tree.py holds that and that
+this tree names each one under its real base); the modules named above import theirs from here and keep the
+name importable. A module's private control-flow exception (a name starting with ``_``, e.g.
+``_DuplicateKey`` in the config loader, ``_Retry`` in the OTA download) stays in its module: it never leaves it.
 
 Third-party exceptions are translated at the boundary: ``raise EngineLoadError(...) from exc``.
 Programmer errors stay ``ValueError`` / ``TypeError``.
@@ -205,3 +223,40 @@ class StateDirError(EdgedError):
     """Not the model's fault: a start that fails with it is never counted against a model on probation."""
 
     code = Code.STATE_DIR_UNWRITABLE
+
+
+class SpoolError(PublishError):
+    """The spool's storage failed: disk full, an I/O error, a file that cannot be (re)created."""
+
+    code = Code.SPOOL_FAILED
+
+
+class SpoolCorrupt(SpoolError):
+    """The spool file is not a database, or a malformed one."""
+
+    code = Code.SPOOL_CORRUPT
+
+
+class IncompatibleEngine(PackageError):
+    code = Code.INCOMPATIBLE
+
+
+class CertError(EdgedError):
+    code = Code.CERTS_FAILED
+
+
+class BundleError(EdgedError):
+    code = Code.BUNDLE_FAILED
+
+
+class RolloutError(EdgedError):
+    """A rollout's state cannot be used (another package's, aborted, unreadable)."""
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed; the message names the call and CUDA's reason. Translated at the backend's
+    boundary (``trt_api.translate``) into EngineLoadError / InferenceError / BackendError."""
+
+
+class StoppedBeforeStart(Exception):
+    """A stop signal came before the model was opened: `edged run` exits 0 without loading it."""

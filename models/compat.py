@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edged.errors import Code, PackageError
+from edged.errors import IncompatibleEngine as IncompatibleEngine  # defined in edged.errors, importable here as before
 
 # Jetson SoCs by device-tree compatible string: their GPU's compute capability.
 TEGRA_COMPUTE_CAPABILITY = {
@@ -42,10 +42,6 @@ TENSORRT_MIN = (8, 6)
 TENSORRT_MAX_MAJOR = 11
 TENSORRT_SUPPORTED = "8.6 (JetPack 6.0) to 11.x"
 _RELEASE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
-
-
-class IncompatibleEngine(PackageError):
-    code = Code.INCOMPATIBLE
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ from edged.errors import Code, PackageError
 
 Shapes = dict[str, tuple[int, ...]]
 
+# The one list of decoder names, in the order `edged model init --decoder` lists them: the daemon's registry
+# (edged.daemon.decoders.DECODERS) has one row per name and no other (tests/test_decoder_names.py), and the
+# command line's help is made from it. Here, not in the daemon, because models/ may not import the daemon.
 DECODERS = ("yolov8", "yolov5", "yolox", "efficient_nms", "picodet", "ssd_anchors", "classify")
 
 _ULTRA = {

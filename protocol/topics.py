@@ -1,35 +1,16 @@
 """Every MQTT topic edged uses, one builder each (DESIGN §4, §6).
 
-A device's topics live under its root, ``<topic_prefix>/<device_id>`` (default ``edged/<device_id>``):
-
-    topic                               dir  QoS  retained  payload (schema id)
-    …/status                            out  1    yes       edged.status/1; ``offline`` is the last will
-    …/results/<camera>                  out  1*   no        edged.result/2 (*mqtt.qos)
-    …/events                            out  1    no        edged.event/1 (object events too)
-    …/telemetry                         out  0    yes       edged.telemetry/1
-    …/model/state                       out  1    yes       edged.model-state/1
-    …/snapshot/<camera>                 out  0    no        a JPEG
-    …/cmd/<verb>                        in   1    no        the verb's arguments (a JSON object)
-    …/cmd/<verb>/reply                  out  1    no        edged.reply/1, when no response topic was given
-    …/reply/<anything>                  out  1    no        edged.reply/1, to a subscriber's response topic
-    …/reply/_push/<transfer>            out  1    no        edged.reply/1, to an ``edged push`` offer
-    …/ota/req                           out  0    no        edged.ota_request/1: a chunk the device asks for
-    …/ota/data                          in   0    no        a chunk: [2-byte header length][header JSON][bytes]
-    …/ota/status                        out  1    yes       edged.ota/1
-    …/ha/<camera>                       out  1    yes       counts per label and the last object event
-                                                            (Home Assistant's state topic; optional)
-    <discovery_prefix>/sensor/<device_id>/<unique_id>/config
-                                        out  1    yes       a Home Assistant MQTT discovery config
-                                                            (schemas/homeassistant_sensor.schema.json)
-
-A fleet's topics live beside the devices' roots, under levels no device may take as its id (``_…``):
-
-    <prefix>/_groups/<group>/ota        in   1    yes       edged.group_offer/1: a rollout's signed offer
-                                                            to every device of the group (`edged push`)
-    <prefix>/_push/<transfer>/sync      -    1    no        discovery's fence: an `edged push` reads its own
+A device's topics live under its root, ``<topic_prefix>/<device_id>`` (default ``edged/<device_id>``); a
+fleet's beside the devices' roots, under levels no device may take as its id (``_…``). `TOPICS` is the
+table of them all, one row each (suffix, direction, QoS, retained, who writes and reads): the topic
+reference (docs/reference/topics.md) and the shipped broker ACLs (deploy/acl.py:
+systemd/mosquitto/edged.acl and central.acl) are made from it, and a test fails when either drifts.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
 
 # a device topic's suffix under its root (what `Publisher.topic(suffix)` and `route(suffix)` take)
 STATUS = "status"
@@ -42,6 +23,82 @@ OTA_STATUS = "ota/status"
 GROUPS = "_groups"  # a group's retained offer: <prefix>/_groups/<group>/ota
 PUSH = "_push"  # an ``edged push``'s replies under each device's own reply namespace: …/reply/_push/<transfer>
 MAX_TOPIC_BYTES = 1024  # the longest response topic a device replies on
+
+Who = Literal["device", "backend", "homeassistant", "bridge"]
+
+
+@dataclass(frozen=True)
+class Topic:
+    """One row of the topic table. `filter` is the MQTT filter of every topic of the row, with ``{p}`` for
+    the topic prefix and ``{d}`` for the device id (a ``+`` per level a topic names: camera, verb, group)."""
+
+    key: str  # how the ACL layouts (deploy/acl.py) name the row
+    shown: str  # as the reference shows it: ``…/status`` is under the device's root
+    filter: str
+    direction: Literal["out", "in", "-"]  # out: a device publishes it; in: a device reads it; -: neither
+    qos: str  # the QoS it is published with (``1*``: mqtt.qos)
+    retained: bool
+    writer: Who  # the one principal the broker lets publish it
+    readers: tuple[Who, ...]  # who reads it by a grant of its own (the backend reads all under the prefix too)
+    payload: str  # what it carries (schema id)
+    bridged: bool = False  # crosses a site bridge (systemd/mosquitto/bridge.conf, central.acl)
+
+    @property
+    def scope(self) -> Literal["device", "fleet", "other"]:
+        """device: under a device's root; fleet: under the prefix, beside the roots; other: not under it."""
+        if self.filter.startswith("{p}/{d}/") or "/{d}/" in self.filter:
+            return "device"
+        return "fleet" if self.filter.startswith("{p}/") else "other"
+
+
+_B: Who = "backend"
+_HA: Who = "homeassistant"
+TOPICS: tuple[Topic, ...] = (
+    Topic("status", "…/status", "{p}/{d}/status", "out", "1", True, "device", (_HA,),
+          "edged.status/1; ``offline`` is the last will", bridged=True),
+    Topic("results", "…/results/<camera>", "{p}/{d}/results/+", "out", "1*", False, "device", (),
+          "edged.result/2 (*mqtt.qos)", bridged=True),
+    Topic("events", "…/events", "{p}/{d}/events", "out", "1", False, "device", (),
+          "edged.event/1 (object events too)", bridged=True),
+    Topic("telemetry", "…/telemetry", "{p}/{d}/telemetry", "out", "0", True, "device", (),
+          "edged.telemetry/1", bridged=True),
+    Topic("model_state", "…/model/state", "{p}/{d}/model/state", "out", "1", True, "device", (),
+          "edged.model-state/1", bridged=True),
+    Topic("snapshot", "…/snapshot/<camera>", "{p}/{d}/snapshot/+", "out", "0", False, "device", (),
+          "a JPEG", bridged=True),
+    Topic("command", "…/cmd/<verb>", "{p}/{d}/cmd/+", "in", "1", False, "backend", ("device",),
+          "the verb's arguments (a JSON object)", bridged=True),
+    Topic("command_reply", "…/cmd/<verb>/reply", "{p}/{d}/cmd/+/reply", "out", "1", False, "device", (),
+          "edged.reply/1, when no response topic was given", bridged=True),
+    Topic("reply", "…/reply/<anything>", "{p}/{d}/reply/#", "out", "1", False, "device", (),
+          "edged.reply/1, to a subscriber's response topic", bridged=True),
+    Topic("push_reply", "…/reply/_push/<transfer>", "{p}/{d}/reply/_push/+", "out", "1", False, "device", (),
+          "edged.reply/1, to an ``edged push`` offer (within …/reply/#)", bridged=True),
+    Topic("ota_request", "…/ota/req", "{p}/{d}/ota/req", "out", "0", False, "device", (),
+          "edged.ota_request/1: a chunk the device asks for", bridged=True),
+    Topic("ota_data", "…/ota/data", "{p}/{d}/ota/data", "in", "0", False, "backend", ("device",),
+          "a chunk: [2-byte header length][header JSON][bytes]", bridged=True),
+    Topic("ota_status", "…/ota/status", "{p}/{d}/ota/status", "out", "1", True, "device", (),
+          "edged.ota/1", bridged=True),
+    Topic("ha_state", "…/ha/<camera>", "{p}/{d}/ha/+", "out", "1", True, "device", (_HA,),
+          "counts per label and the last object event (Home Assistant's state topic; optional)"),
+    Topic("ha_discovery", "<discovery_prefix>/sensor/<device_id>/<unique_id>/config",
+          "homeassistant/sensor/{d}/+/config", "out", "1", True, "device", (_HA,),
+          "a Home Assistant MQTT discovery config (schemas/homeassistant_sensor.schema.json)"),
+    Topic("group_offer", "<prefix>/_groups/<group>/ota", "{p}/_groups/+/ota", "in", "1", True, "backend",
+          ("device",), "edged.group_offer/1: a rollout's signed offer to every device of the group "
+          "(`edged push`)", bridged=True),
+    Topic("push_sync", "<prefix>/_push/<transfer>/sync", "{p}/_push/+/sync", "-", "1", False, "backend", (_B,),
+          "discovery's fence: an `edged push` reads its own message back once every retained status "
+          "queued before it has arrived"),
+    Topic("ha_birth", "homeassistant/status", "homeassistant/status", "-", "1", True, "homeassistant", (),
+          "Home Assistant's own birth and last will (edged does not read it)"),
+    Topic("backend", "backend/<anything>", "backend/#", "-", "-", False, "backend", (_B,),
+          "the site's backend's own topics: no device may read or write them"),
+    Topic("bridge_state", "bridges/<site>/state", "bridges/{site}/state", "-", "1", True, "bridge", ("bridge", _B),
+          "on a central broker: a site bridge's state (``1`` up, ``0`` down: its retained last will)"),
+)  # fmt: skip
+BY_KEY = {t.key: t for t in TOPICS}
 
 
 def device_root(prefix: str, device: str) -> str:

@@ -35,10 +35,9 @@ def topics_reference() -> str | None:
     if topics is not None:
         lines += ["## Topics", ""]
         doc = inspect.getdoc(topics) or ""
-        head, _, table = doc.partition("\n\n")
-        lines += [md(" ".join(head.split())), ""]
-        if table.strip():
-            lines += ["```", table.strip("\n"), "```", ""]
+        for paragraph in doc.split("\n\n"):
+            lines += [md(" ".join(paragraph.split())), ""]
+        lines += _topic_table(getattr(topics, "TOPICS", ()))
         builders = sorted(
             (n, f)
             for n, f in vars(topics).items()
@@ -81,6 +80,49 @@ def topics_reference() -> str | None:
             lines.append(f"| `{member.value}` | {md(comments.get(member.name, ''))} |")
         lines.append("")
     return "\n".join(lines)
+
+
+# the table's three parts, by a row's scope
+_SCOPES = (
+    ("device", "A device's topics, under its root (``…`` is ``<topic_prefix>/<device_id>``):"),
+    ("fleet", "A fleet's topics, beside the devices' roots:"),
+    ("other", "Outside the prefix, named in the shipped ACLs:"),
+)
+
+
+def _topic_table(rows: Any) -> list[str]:
+    """``edged.protocol.topics.TOPICS`` as Markdown tables, one per scope, in the table's order."""
+    lines: list[str] = []
+    for scope, intro in _SCOPES:
+        mine = [t for t in rows if t.scope == scope]
+        if not mine:
+            continue
+        lines += [md(intro), "", "| topic | dir | QoS | retained | written by | also read by | payload |"]
+        lines.append("|---|---|---|---|---|---|---|")
+        for t in mine:
+            readers = ", ".join(t.readers) or "-"
+            cells = [
+                f"`{t.shown}`",
+                t.direction,
+                t.qos,
+                "yes" if t.retained else "no",
+                t.writer,
+                readers,
+                md(t.payload),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    if lines:
+        lines += [
+            md(
+                "dir: out, a device publishes it; in, a device reads it. *also read by*: who reads it by an ACL "
+                "grant of its own; the backend reads every topic under the prefix as well. MQTT filters and ACL "
+                "rights come from the same table "
+                "(``edged.protocol.topics.TOPICS``; systemd/mosquitto/edged.acl and central.acl are made from it)."
+            ),
+            "",
+        ]
+    return lines
 
 
 def _module(name: str) -> types.ModuleType | None:

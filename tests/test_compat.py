@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from edged.models.compat import DeviceFacts, IncompatibleEngine, check_engine, l4t_release, mismatches
+from edged.errors import IncompatibleEngine
+from edged.models.compat import DeviceFacts, check_engine, l4t_release, mismatches
 from tests import sysfs_fixtures as fx
 
 ORIN_JP6 = {"tensorrt": "10.3.0", "compute_capability": "8.7", "l4t": "36.4.0", "platform": "aarch64"}

@@ -91,7 +91,7 @@ def test_incompatible_engine_is_refused_before_deserializing(engine_pkg: Path, t
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["compatibility"]["tensorrt"] = "8.5.2"
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    from edged.models.compat import IncompatibleEngine
+    from edged.errors import IncompatibleEngine
 
     with pytest.raises(IncompatibleEngine, match=r"built with TensorRT 8\.5\.2.*rebuild it on this device"):
         open_backend("engine", copy / "model.engine", compatibility=manifest["compatibility"], has_onnx=True)

@@ -22,8 +22,8 @@ from edged.daemon.backends.cuda_api import Pycuda
 from edged.daemon.backends.tensorrt import TensorRTBackend
 from edged.daemon.backends.trt_api import BuilderOptions, TrtApi, TrtModules
 from edged.daemon.backends.trt_build import build_engine
-from edged.errors import BackendError, EngineLoadError
-from edged.models.compat import DeviceFacts, IncompatibleEngine, dla_cores, mismatches
+from edged.errors import BackendError, EngineLoadError, IncompatibleEngine
+from edged.models.compat import DeviceFacts, dla_cores, mismatches
 from edged.models.demo import DemoAssets
 from edged.models.signing import SigningKey
 from tests import sysfs_fixtures as fx

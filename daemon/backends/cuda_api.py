@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edged.errors import BackendError
+from edged.errors import BackendError, CudaError
 
 __all__ = ["CUDA_PYTHON_API", "CudaApi", "CudaError", "CudaPython", "Pycuda", "load_cuda"]
 
@@ -56,11 +56,6 @@ CUDA_PYTHON_API: dict[str, tuple[int, int]] = {
     "cuGetErrorName": (1, 1),
     "cuGetErrorString": (1, 1),
 }
-
-
-class CudaError(RuntimeError):
-    """A CUDA driver call failed; the message names the call and CUDA's reason. Translated at the backend's
-    boundary (``trt_api.translate``) into EngineLoadError / InferenceError / BackendError."""
 
 
 class CudaApi(Protocol):
