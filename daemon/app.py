@@ -4,7 +4,8 @@
     main thread: signals, telemetry every `telemetry.interval_s`, the run's duration, shutdown
 
 The rooms it wires: the model a start serves (loader.py), the command verbs (control.py, over the
-channel in commands.py), telemetry and the status line (telemetry.py), swaps and probation (swap.py).
+channel in commands.py), telemetry and the status line (telemetry.py), swaps and probation (swap.py). The
+surfaces (telemetry.py, control.py, health.py) read the running parts as one object, `Parts` (parts.py).
 
 Shutdown order: stop the cameras, let the inference thread finish its batch, publish what is
 queued (bounded wait), announce ``stopped``, disconnect, close the backend.
@@ -43,8 +44,9 @@ from .health import HealthServer, Probe
 from .homeassistant import HomeAssistant
 from .inference import ActiveModel, InferenceLoop, Result
 from .liveness import Liveness
-from .loader import ModelLoader
+from .loader import ModelLoader, Opened
 from .ota import OtaReceiver
+from .parts import Parts
 from .preprocess import Preprocessor
 from .publish import Publisher, iso
 from .sensors import Sensors, process_memory_mb, rss_mb, trim_heap
@@ -91,6 +93,8 @@ class Daemon:
         self.first_batch_s: float | None = None  # run(): seconds from the start to the first served batch
         self.served_s = 0.0  # run(): seconds from the first served batch to the stop
         self.unserved = ""  # run(): why a run with a duration stopped before serving any batch
+        self.stop_reason = ""  # set when the governor stops the daemon (memory hard limit, critical heat)
+        self.failure = ""  # set when a thread died and the daemon stops for systemd to restart it
         try:
             self._start(backend)
         except BaseException as exc:
@@ -100,20 +104,39 @@ class Daemon:
             signals.on_stop(self.request_stop)
 
     def _start(self, backend: Backend | None) -> None:
-        """Start-up work that no model can cause to fail comes first (state directory, store, spool); the
-        probation marker is written just before the model is opened (`ModelLoader.open`)."""
+        """The start, step by step. Work that no model can cause to fail comes first; the probation marker is
+        written just before the model is opened (`ModelLoader.open`). Nothing runs until `run()`."""
+        self._open_state_dir()
+        opened = self._open_model(backend)
+        self._build_frame_path(opened)
+        self._build_model_manager(opened.package)
+        self._build_delivery()
+        self._build_governor()
+        self._build_surfaces()
+        self._build_consumers()
+
+    def _open_state_dir(self) -> None:
+        """Staging wiped (scratch), the model store recovered (when the config names a model), the spool."""
         cfg = self.cfg
-        shutil.rmtree(cfg.state_dir / "staging", ignore_errors=True)  # scratch, wiped at start
+        shutil.rmtree(cfg.state_dir / "staging", ignore_errors=True)
         if cfg.model.name is not None:
             self.store = Store(cfg.state_dir, keep=cfg.model.keep_versions)
             for line in self.store.recover():
                 logger.warning("model store: %s", line)
         self.spool = Spool(cfg.state_dir / "spool.db", int(cfg.spool.max_mb * 2**20), cfg.spool.max_age_s)
+
+    def _open_model(self, backend: Backend | None) -> Opened:
+        """The configured model, opened and admitted; a stop requested before it is opened blames no model."""
         if self.stop_event.is_set():  # a SIGTERM during the work above: no model opened, nothing to blame
             raise StoppedBeforeStart("stop requested before the model was opened")
         opened = self.loader.open(self.store, backend)
-        spec = opened.package.manifest.input
         self.backend_name = opened.backend.name
+        return opened
+
+    def _build_frame_path(self, opened: Opened) -> None:
+        """Cameras (latest-frame slots), their scenes, and the inference loop that batches their frames."""
+        cfg = self.cfg
+        spec = opened.package.manifest.input
         opts = decode_options(cfg.detection, cfg.cameras)
         self.throttle = Throttle()
         self.cameras = [
@@ -121,23 +144,18 @@ class Daemon:
         ]
         by_name = {c.name: c for c in self.cameras}
         self.scenes = Scenes(cfg.detection, cfg.cameras, lambda name: by_name[name].last_frame)
-        self.commands = Commands(cfg.topic_root, self._reply)
         m = opened.package.manifest
-        self.loop = InferenceLoop(
-            self.cameras,
-            ActiveModel(opened.backend, opened.decoder, m.name, m.version),
-            spec,
-            opts,
-            cfg.inference.max_wait_ms / 1000.0,
-            self._on_result,
-            self.cond,
-            self.stop_event,
-        )
+        active = ActiveModel(opened.backend, opened.decoder, m.name, m.version)
+        wait_s = cfg.inference.max_wait_ms / 1000.0
+        self.loop = InferenceLoop(self.cameras, active, spec, opts, wait_s, self._on_result, self.cond, self.stop_event)
+
+    def _build_model_manager(self, package: Package) -> None:
+        """Swaps, rollbacks and probation of the model the loop serves."""
         self.models = ModelManager(
-            cfg,
+            self.cfg,
             self.store,
             self.loop,
-            opened.package,
+            package,
             self.boot_id,
             self.loader.open_backend,
             self._event,
@@ -145,6 +163,12 @@ class Daemon:
             rss_mb,
             restart=self._restart,
         )
+
+    def _build_delivery(self) -> None:
+        """The command channel, the publisher (spool, broker session, inbox) and, with a model store and
+        ota.enabled, the OTA receiver and the groups' retained offers. Nothing connects before `run()`."""
+        cfg = self.cfg
+        self.commands = Commands(cfg.topic_root, self._reply)
         self.publisher = Publisher(
             cfg.mqtt,
             cfg.spool,
@@ -160,56 +184,49 @@ class Daemon:
         self.group_offers: GroupOffers | None = None
         if self.store is not None and cfg.ota.enabled:
             self.ota = OtaReceiver(
-                cfg.ota,
-                self.store,
-                cfg.model.keys_dir,
-                self.publisher,
-                self.models,
-                self.stop_event,
+                cfg.ota, self.store, cfg.model.keys_dir, self.publisher, self.models, self.stop_event
             )
             self.publisher.route("ota/data", self.ota.on_data)
             offers = self.group_offers = GroupOffers(self.ota, cfg.state_dir, self.stop_event)
             for group in cfg.groups:  # a rollout's retained offer to the group: taken when we connect
                 self.publisher.inbox.route_topic(topics.group_offer(cfg.mqtt.topic_prefix, group), offers.on_message)
-        self.stop_reason = ""
-        self.failure = ""
+
+    def _build_governor(self) -> None:
+        """Thermal, power and memory limits on the throttle, when governor.enabled."""
+        cfg = self.cfg
         self.governor: Governor | None = None
         if cfg.governor.enabled:
             sensors = Sensors(cfg.governor.sysfs_root)
             self.governor = Governor(cfg.governor, cfg.memory, sensors, self.throttle, self._event, self._fatal)
-        self.telemetry = Telemetry(
-            self,
-            self.boot_id,
-            self.started,
-            self.backend_name,
-            self.cameras,
-            self.loop,
-            self.models,
-            self.publisher,
-            self.governor,
-            self.ota,
+
+    def _build_surfaces(self) -> None:
+        """What reads the running parts: telemetry and the status line, and the command verbs (the largest
+        payload a verb takes caps what the broker may send us)."""
+        self.parts = Parts(
+            host=self,
+            boot_id=self.boot_id,
+            started=self.started,
+            backend_name=self.backend_name,
+            cameras=self.cameras,
+            throttle=self.throttle,
+            scenes=self.scenes,
+            loop=self.loop,
+            models=self.models,
+            publisher=self.publisher,
+            governor=self.governor,
+            ota=self.ota,
         )
-        self.control = Control(
-            self,
-            self.config_path,
-            self.boot_id,
-            self.cameras,
-            self.throttle,
-            self.loop,
-            self.models,
-            self.publisher,
-            self.governor,
-            self.telemetry,
-        )
+        self.telemetry = Telemetry(self.parts)
+        self.control = Control(self.parts, self.telemetry, self.config_path)
         self.control.register(self.commands, self.ota)
-        self._consumers()
         # the broker drops anything bigger than the largest message we take (the MQTT Maximum Packet Size)
         self.publisher.max_incoming_bytes = max(
             self.commands.max_bytes(), self.ota.max_message_bytes if self.ota else 0
         )
 
-    def _consumers(self) -> None:
-        """Home Assistant discovery and the local health endpoint, when configured (each optional)."""
+    def _build_consumers(self) -> None:
+        """Liveness (the watchdog's serving question), Home Assistant discovery and the local health
+        endpoint, when configured (each optional)."""
         cfg = self.cfg
         self.liveness = Liveness(cfg.inference.serving_timeout_s, self.cameras, self.loop, self.throttle)
         self.homeassistant: HomeAssistant | None = None
@@ -220,18 +237,7 @@ class Daemon:
         self.health: HealthServer | None = None
         if cfg.health.enabled:
             stall_s = Watchdog().stall_s
-            probe = Probe(
-                cfg.device_id,
-                self.cameras,
-                self.loop,
-                self.models,
-                self.publisher,
-                self.governor,
-                self.throttle,
-                self.telemetry,
-                lambda: self._health(time.monotonic(), stall_s),
-                self.started,
-            )
+            probe = Probe(self.parts, self.telemetry, lambda: self._health(time.monotonic(), stall_s))
             self.health = HealthServer(cfg.health, probe)
 
     def _start_failed(self, exc: BaseException) -> None:

@@ -28,17 +28,15 @@ from edged.protocol import topics
 from edged.protocol.ota import CANCEL_VERB
 
 from .annotate import draw, fit_jpeg
-from .capture import Camera, Throttle
 from .commands import CommandError, Commands, NoArgs
 from .config import load_config
 from .decoders import DecodeOptions
-from .governor import Governor
-from .inference import InferenceLoop, Result
+from .inference import Result
 from .ota import MAX_OFFER_BYTES, CancelArgs, OfferArgs, OtaReceiver
-from .publish import MAX_PAYLOAD_BYTES, Publisher
-from .swap import ModelManager
+from .parts import Parts
+from .publish import MAX_PAYLOAD_BYTES
 from .systemd import monotonic_usec, notify
-from .telemetry import Configured, Telemetry
+from .telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -65,32 +63,14 @@ class SnapshotArgs(BaseModel):
 
 
 class Control:
-    """The verbs of the module docstring, on the running parts. `host` holds the config in force, which
-    `reload` replaces; `config_path`: the file it reads again (None: reload is not supported)."""
+    """The verbs of the module docstring, on the running parts. `parts.host` holds the config in force, which
+    `reload` replaces; `telemetry`: its status line goes to systemd after a reload; `config_path`: the file
+    `reload` reads again (None: reload is not supported)."""
 
-    def __init__(
-        self,
-        host: Configured,
-        config_path: Path | None,
-        boot_id: str,
-        cameras: list[Camera],
-        throttle: Throttle,
-        loop: InferenceLoop,
-        models: ModelManager,
-        publisher: Publisher,
-        governor: Governor | None,
-        telemetry: Telemetry,
-    ) -> None:
-        self.host = host
-        self.config_path = config_path
-        self.boot_id = boot_id
-        self.cameras = cameras
-        self.throttle = throttle
-        self.loop = loop
-        self.models = models
-        self.publisher = publisher
-        self.governor = governor
+    def __init__(self, parts: Parts, telemetry: Telemetry, config_path: Path | None) -> None:
+        self.parts = parts
         self.telemetry = telemetry
+        self.config_path = config_path
         self.last_dets: dict[str, list[dict[str, Any]]] = {}  # per camera: its last result's, for snapshots
         self._last_snapshot: dict[str, float] = {}
         self._reload_lock = threading.Lock()
@@ -113,15 +93,16 @@ class Control:
 
     # --- verbs -----------------------------------------------------------------------------------
     def status(self, _: NoArgs) -> dict[str, Any]:
-        self.publisher.publish_status("online")
+        p = self.parts
+        p.publisher.publish_status("online")
         return {
             "state": "online",
-            "boot_id": self.boot_id,
-            "model": self.models.package.ref,
-            "paused": self.throttle.paused,
-            "level": self.governor.policy.level.label if self.governor else "off",
-            "cameras": {c.name: c.stats.state for c in self.cameras},
-            "spool_rows": self.publisher.spool.rows,
+            "boot_id": p.boot_id,
+            "model": p.models.package.ref,
+            "paused": p.throttle.paused,
+            "level": p.governor.policy.level.label if p.governor else "off",
+            "cameras": {c.name: c.stats.state for c in p.cameras},
+            "spool_rows": p.publisher.spool.rows,
         }
 
     def pause(self, _: NoArgs) -> dict[str, Any]:
@@ -131,23 +112,24 @@ class Control:
         return self._pause(False)
 
     def _pause(self, pause: bool) -> dict[str, Any]:
-        self.throttle.user_paused = pause
+        self.parts.throttle.user_paused = pause
         logger.info("inference %s by command", "paused" if pause else "resumed")
-        return {"paused": self.throttle.paused}
+        return {"paused": self.parts.throttle.paused}
 
     def rollback(self, _: NoArgs) -> dict[str, Any]:
         """Serve the previous version, then roll the store back; a refusal (no previous, another input spec,
         does not load) changes neither, and the reply carries its code."""
         try:
-            return self.models.rollback("rolled back by command", code=Code.BY_COMMAND)
+            return self.parts.models.rollback("rolled back by command", code=Code.BY_COMMAND)
         except EdgedError as exc:
             raise CommandError(exc.code, str(exc)) from exc
 
     def snapshot(self, args: SnapshotArgs) -> dict[str, Any]:
-        cam = next((c for c in self.cameras if c.name == args.camera), None)
+        cameras, publisher = self.parts.cameras, self.parts.publisher
+        cam = next((c for c in cameras if c.name == args.camera), None)
         if cam is None:
             raise CommandError(
-                "unknown_camera", f"no camera {args.camera!r}; cameras: {', '.join(c.name for c in self.cameras)}"
+                "unknown_camera", f"no camera {args.camera!r}; cameras: {', '.join(c.name for c in cameras)}"
             )
         now = time.monotonic()
         if now - self._last_snapshot.get(cam.name, -1e9) < SNAPSHOT_MIN_INTERVAL_S:
@@ -158,8 +140,8 @@ class Control:
         self._last_snapshot[cam.name] = now
         # a 4K frame's JPEG is over the message cap: lower the quality, then scale down, until it fits
         jpg = fit_jpeg(draw(frame, self.last_dets.get(cam.name, [])), MAX_PAYLOAD_BYTES)
-        topic = topics.snapshot(self.publisher.root, cam.name)
-        if not self.publisher.publish_direct(topic, jpg.data, qos=0):
+        topic = topics.snapshot(publisher.root, cam.name)
+        if not publisher.publish_direct(topic, jpg.data, qos=0):
             raise CommandError("not_sent", f"the snapshot ({len(jpg.data)} bytes) could not be published")
         return {
             "topic": topic,
@@ -175,7 +157,7 @@ class Control:
     def _no_ota(self, _: OfferArgs | CancelArgs) -> dict[str, Any]:
         why = (
             "ota.enabled is false"
-            if self.host.cfg.model.name is not None
+            if self.parts.host.cfg.model.name is not None
             else "it runs model.package, not the store (model.name)"
         )
         raise CommandError("not_supported", f"this device takes no pushed models: {why}")
@@ -192,21 +174,24 @@ class Control:
             except ConfigError as exc:
                 notify(f"READY=1\nSTATUS=config reload refused, running on the old one: {exc}")
                 raise CommandError("config_invalid", str(exc)) from exc
-            old = self.host.cfg
+            host, governor = self.parts.host, self.parts.governor
+            old = host.cfg
             d = new.detection
-            self.loop.opts = DecodeOptions(d.score_threshold, d.iou_threshold, d.max_detections, frozenset(d.labels))
-            if self.governor is not None:
-                self.governor.policy.reconfigure(new.governor, new.memory)
+            self.parts.loop.opts = DecodeOptions(
+                d.score_threshold, d.iou_threshold, d.max_detections, frozenset(d.labels)
+            )
+            if governor is not None:
+                governor.policy.reconfigure(new.governor, new.memory)
             live = ["detection", "governor thresholds", "memory limits", "telemetry", "log_level"]
             restart = [k for k in RESTART_KEYS if getattr(old, k) != getattr(new, k)]
-            if self.governor is not None and (
+            if governor is not None and (
                 old.governor.enabled,
                 old.governor.interval_s,
                 old.governor.sysfs_root,
             ) != (new.governor.enabled, new.governor.interval_s, new.governor.sysfs_root):
                 restart.append("governor.enabled/interval_s/sysfs_root")
             logging.getLogger().setLevel(new.log_level.upper())
-            self.host.cfg = new.model_copy(update={k: getattr(old, k) for k in RESTART_KEYS})
+            host.cfg = new.model_copy(update={k: getattr(old, k) for k in RESTART_KEYS})
             logger.info(
                 "config reloaded from %s; restart needed for: %s", self.config_path, ", ".join(restart) or "nothing"
             )
@@ -217,7 +202,7 @@ class Control:
     def _apply_store_current(self) -> dict[str, Any] | None:
         """A reload also serves the store's `current` when `edged model install` changed it."""
         try:
-            return self.models.apply_store_current()
+            return self.parts.models.apply_store_current()
         except (EdgedError, OSError) as exc:
             logger.error("reload: the store's current model was not taken: %s", exc)
             code = exc.code if isinstance(exc, EdgedError) else Code.FAILED

@@ -37,14 +37,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from edged import __version__
 
-from .capture import Camera, Throttle
 from .consumer_config import HealthConfig
-from .governor import Governor
-from .inference import InferenceLoop
 from .latency import Histogram
-from .publish import Publisher
+from .parts import Parts
 from .sensors import process_memory_mb
-from .swap import ModelManager
 from .telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -53,31 +49,12 @@ logger = logging.getLogger(__name__)
 class Probe(Collector):
     """Reads the running parts (from the HTTP server's threads: only reads, no locks of theirs held long)."""
 
-    def __init__(
-        self,
-        device_id: str,
-        cameras: list[Camera],
-        loop: InferenceLoop,
-        models: ModelManager,
-        publisher: Publisher,
-        governor: Governor | None,
-        throttle: Throttle,
-        telemetry: Telemetry,
-        threads: Callable[[], tuple[bool, str]],
-        started: float,
-    ) -> None:
-        """`threads`: the watchdog's question (are the inference loop, the publisher and the MQTT network
-        making progress?), as (healthy, why not)."""
-        self.device_id = device_id
-        self.cameras = cameras
-        self.loop = loop
-        self.models = models
-        self.publisher = publisher
-        self.governor = governor
-        self.throttle = throttle
+    def __init__(self, parts: Parts, telemetry: Telemetry, threads: Callable[[], tuple[bool, str]]) -> None:
+        """`telemetry`: the inference rate of its last interval. `threads`: the watchdog's question (are the
+        inference loop, the publisher and the MQTT network making progress?), as (healthy, why not)."""
+        self.parts = parts
         self.telemetry = telemetry
         self.threads = threads
-        self.started = started
         self.serving = threading.Event()  # set once the model is warm and the parts are started
         self.stopping = threading.Event()
 
@@ -93,43 +70,44 @@ class Probe(Collector):
         if not self.serving.is_set():
             return ["the model is loading or warming up"]
         out: list[str] = []
-        if self.loop.active is None:
+        if self.parts.loop.active is None:
             out.append("no model is loaded")
         ok, why = self.threads()
         if not ok:
             out.append(why)
-        for c in self.cameras:
+        for c in self.parts.cameras:
             if not c.live:
                 s = c.stats
                 out.append(f"camera {c.name} is {s.state}" + (f": {s.last_error}" if s.last_error else ""))
-        p = self.publisher
+        p = self.parts.publisher
         if not p.connected:
             out.append(
                 f"the broker {p.cfg.host}:{p.cfg.port} is not connected" + (f": {p.last_error}" if p.last_error else "")
             )
         if p.spool_state != "ok":
             out.append(f"the spool is failing: {p.spool_error or 'storage errors'}")
-        if self.throttle.paused:
-            who = "the pause command" if self.throttle.user_paused else "the governor (heat or power)"
+        if self.parts.throttle.paused:
+            who = "the pause command" if self.parts.throttle.user_paused else "the governor (heat or power)"
             out.append(f"inference is paused by {who}")
         return out
 
     # --- /metrics --------------------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:
-        st = self.loop.stats
-        package = self.models.package
+        p = self.parts
+        st = p.loop.stats
+        package = p.models.package
         info = InfoMetricFamily("edged", "the daemon, its version and the model it serves")
         info.add_metric(
             [],
             {
-                "device": self.device_id,
+                "device": p.host.cfg.device_id,
                 "version": __version__,
                 "model": package.ref,
-                "backend": self.telemetry.backend_name,
+                "backend": p.backend_name,
             },
         )
         yield info
-        yield _gauge("edged_uptime_seconds", "seconds since the daemon started", time.monotonic() - self.started)
+        yield _gauge("edged_uptime_seconds", "seconds since the daemon started", time.monotonic() - p.started)
         yield _gauge("edged_ready", "1 when /readyz says ready", 0.0 if self.reasons() else 1.0)
         yield from self._cameras()
         yield _gauge("edged_inference_fps", "results per second over the last telemetry interval", self.telemetry.fps)
@@ -141,7 +119,7 @@ class Probe(Collector):
         yield _histogram(
             "edged_capture_to_result_seconds", "from capture to result, per frame", st.capture_to_result_ms.histogram()
         )
-        yield _counter("edged_model_swaps", "model swaps done", self.models.swaps)
+        yield _counter("edged_model_swaps", "model swaps done", p.models.swaps)
         yield from self._mqtt()
         yield from self._memory()
         yield from self._governor()
@@ -163,20 +141,20 @@ class Probe(Collector):
             )
         }
         skipped = CounterMetricFamily("edged_camera_skipped_frames", "frames motion gating skipped", labels=["camera"])
-        for c in self.cameras:
+        for c in self.parts.cameras:
             s = c.stats
             up.add_metric([c.name], 1.0 if c.live else 0.0)
             for name in ("starting", "up", "down", "ended", "stopped"):
                 state.add_metric([c.name, name], 1.0 if s.state == name else 0.0)
             for key, fam in counters.items():
                 fam.add_metric([c.name], float(getattr(s, key)))
-            gate = self.loop.gates.get(c.name)
+            gate = self.parts.loop.gates.get(c.name)
             if gate is not None:
                 skipped.add_metric([c.name], float(gate.skipped))
         return [up, state, *counters.values(), skipped]
 
     def _mqtt(self) -> Iterable[Metric]:
-        p = self.publisher
+        p = self.parts.publisher
         spool = p.spool
         dropped = CounterMetricFamily("edged_messages_dropped", "messages (results, events) lost", labels=["reason"])
         for reason, n in (
@@ -205,21 +183,21 @@ class Probe(Collector):
         fam = GaugeMetricFamily("edged_memory_bytes", "the process's memory", labels=["kind"])
         for key, mb in process_memory_mb().items():
             fam.add_metric([key.removesuffix("_mb")], float(mb) * 2**20)
-        active = self.loop.active
+        active = self.parts.loop.active
         fam.add_metric(["model"], float(active.backend.memory_bytes if active is not None else 0))
         return [fam]
 
     def _governor(self) -> Iterable[Metric]:
         out: list[Metric] = [
-            _gauge("edged_inference_paused", "1 while inference is paused", float(self.throttle.paused))
+            _gauge("edged_inference_paused", "1 while inference is paused", float(self.parts.throttle.paused))
         ]
-        g = self.governor
+        g = self.parts.governor
         if g is None:
             return out
         out.append(
             _gauge("edged_governor_level", "thermal level: 0 normal, 1 warm, 2 hot, 3 critical", int(g.policy.level))
         )
-        out.append(_gauge("edged_fps_scale", "the governor's frame-rate factor", self.throttle.fps_scale))
+        out.append(_gauge("edged_fps_scale", "the governor's frame-rate factor", self.parts.throttle.fps_scale))
         r = g.last
         if r is None:
             return out

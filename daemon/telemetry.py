@@ -18,19 +18,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from edged.protocol.schemas import TELEMETRY_SCHEMA
 
-from .capture import Camera
-from .config import Config
-from .events import Scenes
-from .governor import Governor
-from .inference import InferenceLoop, Result, Window
-from .ota import OtaReceiver
-from .publish import Publisher, iso
+from .inference import Result, Window
+from .parts import Parts
+from .publish import iso
 from .sensors import process_memory_mb
-from .swap import ModelManager
 
 
 @dataclass
@@ -48,74 +43,42 @@ class RunSummary:
     events_dropped: int = 0  # object events over a camera's max_events_per_s, never made into messages
 
 
-class Configured(Protocol):
-    """Who holds the config in force (the daemon): a reload replaces `cfg`, so readers take it afresh."""
-
-    cfg: Config
-
-
-class Host(Configured, Protocol):
-    """The daemon as telemetry reads it: the config in force and the cameras' scenes (object event counts)."""
-
-    scenes: Scenes
-
-
 class Telemetry:
     """Assembles the telemetry document and the status line from the running parts; keeps the per-camera
     capture-to-result latency windows (`record`, for every result) and the rates' previous sample."""
 
-    def __init__(
-        self,
-        host: Host,
-        boot_id: str,
-        started: float,
-        backend_name: str,
-        cameras: list[Camera],
-        loop: InferenceLoop,
-        models: ModelManager,
-        publisher: Publisher,
-        governor: Governor | None,
-        ota: OtaReceiver | None,
-    ) -> None:
-        """`started`: the daemon's start, time.monotonic(). `backend_name`: the backend it started on."""
-        self.host = host
-        self.boot_id = boot_id
-        self.started = started
-        self.backend_name = backend_name
-        self.cameras = cameras
-        self.loop = loop
-        self.models = models
-        self.publisher = publisher
-        self.governor = governor
-        self.ota = ota
-        self.cam_latency = {c.name: Window() for c in cameras}
-        self._last = (time.monotonic(), 0, {c.name: 0 for c in cameras})  # when, rows, frames per camera
+    def __init__(self, parts: Parts) -> None:
+        self.parts = parts
+        self.cam_latency = {c.name: Window() for c in parts.cameras}
+        self._last = (time.monotonic(), 0, {c.name: 0 for c in parts.cameras})  # when, rows, frames per camera
         self.fps = 0.0  # results per second over the last interval, for the status line
 
     def record(self, r: Result) -> None:
         self.cam_latency[r.camera].add(r.capture_to_result_ms)
 
     def status_line(self) -> str:
-        st = self.loop.stats
-        package = self.models.package
-        up = sum(1 for c in self.cameras if c.live)
-        level = self.governor.policy.level.label if self.governor else "off"
-        p = self.publisher
+        parts = self.parts
+        st = parts.loop.stats
+        package = parts.models.package
+        up = sum(1 for c in parts.cameras if c.live)
+        level = parts.governor.policy.level.label if parts.governor else "off"
+        p = parts.publisher
         return (
-            f"{self.fps:.1f} fps, {up}/{len(self.cameras)} cameras up, batch {package.manifest.input.batch}, "
-            f"{package.ref} on {self.backend_name}, broker {'up' if p.connected else 'down'}, thermal {level}, "
+            f"{self.fps:.1f} fps, {up}/{len(parts.cameras)} cameras up, batch {package.manifest.input.batch}, "
+            f"{package.ref} on {parts.backend_name}, broker {'up' if p.connected else 'down'}, thermal {level}, "
             f"spool {p.spool.rows}{'' if p.spool_state == 'ok' else ' (failing)'}, {st.errors} errors"
         )
 
     def document(self) -> dict[str, Any]:
         """The telemetry document now; its rates are over the time since the previous one."""
-        cfg = self.host.cfg
+        parts = self.parts
+        cfg = parts.host.cfg
         now = time.monotonic()
         t0, rows0, frames0 = self._last
         dt_s = max(1e-6, now - t0)
-        st = self.loop.stats
+        st = parts.loop.stats
         cams = {}
-        for c in self.cameras:
+        for c in parts.cameras:
             s = c.stats
             cams[c.name] = {
                 "state": s.state,
@@ -128,14 +91,14 @@ class Telemetry:
                 "frames_refused": s.frames_refused,
                 "capture_to_result_ms": self.cam_latency[c.name].percentiles(),
             }
-            if c.name in self.loop.gates:  # motion-gated: frames skipped while nothing moved
-                cams[c.name]["skipped"] = self.loop.gates[c.name].skipped
+            if c.name in parts.loop.gates:  # motion-gated: frames skipped while nothing moved
+                cams[c.name]["skipped"] = parts.loop.gates[c.name].skipped
             if s.last_error:
                 cams[c.name]["last_error"] = s.last_error
-            cams[c.name].update(self.host.scenes.counts(c.name) or {})
-        self._last = (now, st.rows, {c.name: c.stats.frames for c in self.cameras})
+            cams[c.name].update(parts.scenes.counts(c.name) or {})
+        self._last = (now, st.rows, {c.name: c.stats.frames for c in parts.cameras})
         self.fps = (st.rows - rows0) / dt_s
-        gov: dict[str, Any] = self.governor.telemetry() if self.governor else {"level": "off"}
+        gov: dict[str, Any] = parts.governor.telemetry() if parts.governor else {"level": "off"}
         memory: dict[str, Any] = {
             **process_memory_mb(),
             "model_mb": round(self._model_bytes() / 2**20, 1),
@@ -146,18 +109,18 @@ class Telemetry:
         for key in ("mem_available_mb", "nvmap_mb"):
             if key in sensors:
                 memory[key] = sensors.pop(key)
-        package = self.models.package
+        package = parts.models.package
         return {
             "schema": TELEMETRY_SCHEMA,
             "device": cfg.device_id,
-            "boot_id": self.boot_id,
+            "boot_id": parts.boot_id,
             "ts": iso(time.time()),
-            "uptime_s": round(now - self.started, 1),
+            "uptime_s": round(now - parts.started, 1),
             "cameras": cams,
             "inference": {
-                "backend": self.backend_name,
+                "backend": parts.backend_name,
                 "model": package.ref,
-                "swaps": self.models.swaps,
+                "swaps": parts.models.swaps,
                 "batch": package.manifest.input.batch,
                 "fps": round((st.rows - rows0) / dt_s, 2),
                 "batches": st.batches,
@@ -168,30 +131,30 @@ class Telemetry:
                 "infer_ms": st.infer_ms.percentiles(),
                 "capture_to_result_ms": st.capture_to_result_ms.percentiles(),
             },
-            "mqtt": self.publisher.stats(),
+            "mqtt": parts.publisher.stats(),
             "memory": memory,
             "governor": gov,
             "sensors": sensors,
-            "ota": self.ota.stats() if self.ota is not None else None,
+            "ota": parts.ota.stats() if parts.ota is not None else None,
         }
 
     def summary(self, stop_reason: str, failure: str) -> RunSummary:
         """What the run did, once it has stopped and the publisher has given its last count."""
-        st, p = self.loop.stats, self.publisher
+        st, p = self.parts.loop.stats, self.parts.publisher
         return RunSummary(
             st.rows,
             st.batches,
             process_memory_mb().get("peak_rss_mb", 0.0),
-            time.monotonic() - self.started,
+            time.monotonic() - self.parts.started,
             stop_reason,
             spooled=p.spooled,
             delivered=p.acked + p.sent_qos0,
             left_in_spool=p.left_in_spool,
             lost=p.spool.dropped + p.spool.dropped_unsaved + p.spool.lost + p.dropped_queue_full + p.oversized,
             failure=failure,
-            events_dropped=self.host.scenes.dropped,
+            events_dropped=self.parts.scenes.dropped,
         )
 
     def _model_bytes(self) -> int:
-        active = self.loop.active
+        active = self.parts.loop.active
         return active.backend.memory_bytes if active is not None else 0
