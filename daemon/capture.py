@@ -7,6 +7,11 @@ consumer never makes frames queue up. A source that fails to open or stops givin
 reopened with exponential backoff (full jitter, `Backoff`); no frame for ``stall_timeout_s`` counts as a stall and a
 disconnect. A camera that is down never stops the others.
 
+Every call into a source (open, read, close) is bounded by the camera's own timeouts; a thread that stays
+inside one far longer (``stuck_after_s``) is wedged in a library (GStreamer, FFmpeg) and nothing in Python
+can free it: ``stuck`` says so, and health (``liveness``) names the camera, logs the thread's stack, and
+has systemd restart the daemon after ``inference.serving_timeout_s``.
+
 A ``file://`` camera repeats with ``loop``; ``realtime`` paces it at its own frame rate, otherwise
 the camera waits for each frame to be taken, so no frame of the file is dropped. Which URIs open as
 what: ``sources``.
@@ -15,6 +20,7 @@ what: ``sources``.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import traceback
@@ -78,6 +84,13 @@ class FrameMeta:
 SEGMENT_REASONS = ("start", "reconnect", "loop", "stall", "scene_cut")
 
 
+def stuck_after_s(stall_timeout_s: float) -> float:
+    """How long one source call may take before the thread counts as stuck in it: an open waits up to two
+    stall bounds (the first frame, then the probe that says why none came) and an RTSP open a third (the
+    DESCRIBE probe), a read one; four and 10 s of slack for a busy machine."""
+    return 4 * stall_timeout_s + 10.0
+
+
 @dataclass
 class CameraStats:
     frames: int = 0  # frames preprocessed and offered to inference
@@ -86,7 +99,7 @@ class CameraStats:
     stalls: int = 0
     errors: int = 0
     frames_refused: int = 0  # frames over max_frame_pixels, refused before decoding (framebound)
-    state: str = "starting"  # starting | up | down | ended | stopped
+    state: str = "starting"  # starting | up | down | ended | stopped (and `stuck`, shown: Camera.shown_state)
     last_error: str = ""
     fps_window: list[float] = field(default_factory=list)
 
@@ -127,7 +140,31 @@ class Camera:
         tracking = cfg.detection is None or cfg.detection.tracking.enabled
         self._cuts = CutDetector() if tracking else None  # scene cuts matter to tracks only
         self._last: tuple[np.ndarray, tuple[int, int] | None] | None = None  # newest frame offered, its source size
+        # the source call this thread is inside (open, read, close) and since when (monotonic); None between
+        self._call: tuple[str, float] | None = None
+        self.stuck_after_s = stuck_after_s(cfg.stall_timeout_s)
         self._thread = threading.Thread(target=self._run, name=f"camera-{cfg.name}", daemon=True)
+
+    def in_call(self, now: float | None = None) -> tuple[str, float]:
+        """The source call the camera's thread is inside ("open", "read", "close") and for how many seconds;
+        ("", 0.0) between calls."""
+        call = self._call
+        if call is None:
+            return "", 0.0
+        return call[0], (time.monotonic() if now is None else now) - call[1]
+
+    def stuck(self, now: float | None = None) -> str:
+        """'' unless the thread has been inside one source call longer than any such call may take
+        (`stuck_after_s`): then a sentence saying which call and for how long."""
+        call, spent = self.in_call(now)
+        if not call or spent <= self.stuck_after_s:
+            return ""
+        return f"stuck in its source's {call}() for {spent:.0f} s (a call bounded by {self.stuck_after_s:g} s)"
+
+    def stack(self) -> str:
+        """The camera thread's Python stack now (for the log of a stuck camera)."""
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        return "".join(traceback.format_stack(frame)) if frame is not None else "(not running)"
 
     # --- called by the inference thread, with `cond` held -------------------------------------
     def take_locked(self) -> tuple[int, FrameMeta] | None:
@@ -159,7 +196,13 @@ class Camera:
 
     @property
     def live(self) -> bool:
-        return self.stats.state == "up"
+        return self.stats.state == "up" and not self.stuck()
+
+    def shown_state(self) -> tuple[str, str]:
+        """(state, reason) as telemetry, /readyz and /metrics show them: `stuck` with `stuck`'s sentence while
+        the thread is stuck in a source call (its own `stats.state` is what it was when it went in)."""
+        why = self.stuck()
+        return ("stuck", why) if why else (self.stats.state, self.stats.last_error)
 
     @property
     def segment(self) -> int:
@@ -193,6 +236,7 @@ class Camera:
         for warning in tls_warnings(self.cfg):
             logger.warning("camera %s: %s", self.name, warning)
         while not self._stop.is_set():
+            self._call = ("open", time.monotonic())
             try:
                 source = self._opener(self.cfg)
             except Exception as exc:  # a loop boundary: a camera thread never dies, it retries with backoff
@@ -204,11 +248,13 @@ class Camera:
                         trace = scrub("".join(traceback.format_exception(exc)))  # a URL's password stays out
                         logger.error("camera %s: %s\n%s", self.name, scrub(reason), trace)
                         traced = True
+                self._call = None
                 self._down(reason)
                 failed_before = True
                 if self._stop.wait(backoff.next_s()):
                     break
                 continue
+            self._call = None
             if failed_before:
                 self.stats.reconnects += 1
             failed_before = traced = False
@@ -226,7 +272,11 @@ class Camera:
                 self.stats.errors += 1
                 outcome, got_frames = "failed", False
             finally:
-                source.close()
+                self._call = ("close", time.monotonic())
+                try:
+                    source.close()
+                finally:
+                    self._call = None
             if got_frames:
                 backoff.reset()
             self._break = {"looped": "loop", "stalled": "stall"}.get(outcome, self._break or "reconnect")
@@ -286,7 +336,9 @@ class Camera:
                     break
                 next_due = max(next_due + pace, time.monotonic() - pace)
             asked = time.monotonic()
+            self._call = ("read", asked)
             frame = source.read()
+            self._call = None
             now = time.monotonic()
             self.stats.frames_refused = self.bound.refused  # what that read refused before decoding
             if frame is None:

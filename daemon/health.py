@@ -77,8 +77,11 @@ class Probe(Collector):
             out.append(why)
         for c in self.parts.cameras:
             if not c.live:
-                s = c.stats
-                out.append(f"camera {c.name} is {s.state}" + (f": {s.last_error}" if s.last_error else ""))
+                shown, reason = c.shown_state()
+                if shown == "stuck":  # the reason reads "stuck in its source's read() for …"
+                    out.append(f"camera {c.name} is {reason}")
+                else:
+                    out.append(f"camera {c.name} is {shown}" + (f": {reason}" if reason else ""))
         p = self.parts.publisher
         if not p.connected:
             out.append(
@@ -143,9 +146,10 @@ class Probe(Collector):
         skipped = CounterMetricFamily("edged_camera_skipped_frames", "frames motion gating skipped", labels=["camera"])
         for c in self.parts.cameras:
             s = c.stats
+            shown = c.shown_state()[0]
             up.add_metric([c.name], 1.0 if c.live else 0.0)
-            for name in ("starting", "up", "down", "ended", "stopped"):
-                state.add_metric([c.name, name], 1.0 if s.state == name else 0.0)
+            for name in ("starting", "up", "down", "ended", "stopped", "stuck"):
+                state.add_metric([c.name, name], 1.0 if shown == name else 0.0)
             for key, fam in counters.items():
                 fam.add_metric([c.name], float(getattr(s, key)))
             gate = self.parts.loop.gates.get(c.name)

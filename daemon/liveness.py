@@ -9,12 +9,18 @@ motion gate judged a frame) for that long. The time counts from the first check 
 again from each resume after a pause, so a boot and a resume each get the whole bound. systemd then
 restarts the daemon (docs/operator.md, "Health endpoint").
 
+A camera whose thread is stuck inside one source call (``Camera.stuck``: wedged in GStreamer or FFmpeg,
+where no timeout reaches) serves nothing however well the others do, and only a restart frees it: its
+stack is logged once as soon as it counts as stuck, and once it has been stuck for the bound the daemon is
+unhealthy, naming it, whatever the other cameras deliver and even while paused.
+
 Counters, not timestamps: a camera's ``frames`` and the loop's ``batches`` (and the gates' ``skipped``)
 are sampled at each check, from the run loop several times a second and from ``/healthz``.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -22,6 +28,8 @@ from typing import Protocol
 from .capture import Camera, Throttle
 from .inference import InferenceStats
 from .motion import MotionGate
+
+logger = logging.getLogger(__name__)
 
 FINISHED = ("ended", "stopped")  # a camera in these states is not expected to deliver
 
@@ -47,11 +55,37 @@ class Liveness:
         self._frames = self._judged = self._frames_judged = 0
         self._frames_at: float | None = None  # when a camera last offered a frame (or the clock restarted)
         self._owed_since: float | None = None  # since when frames offered wait for a batch (None: none wait)
+        self._logged: set[tuple[str, float]] = set()  # (camera, call start) whose stuck thread's stack was logged
+
+    def stuck(self, now: float) -> str:
+        """'' unless a camera's thread has been stuck in one source call for the bound: then which, a sentence.
+        `now` is the monotonic clock (a camera times its calls by it)."""
+        if not self.bound_s:
+            return ""
+        dead = ""
+        for c in self._cameras:
+            why = c.stuck(now)
+            if not why:
+                continue
+            spent = c.in_call(now)[1]
+            key = (c.name, round(now - spent, 3))  # once per stuck call, for whoever reads the journal
+            if key not in self._logged:
+                self._logged.add(key)
+                logger.error("camera %s: %s; its thread's stack:\n%s", c.name, why, c.stack())
+            if spent > self.bound_s and not dead:
+                dead = (
+                    f"serving: camera {c.name} is {why}; only a restart frees a thread stuck in a library "
+                    f"(inference.serving_timeout_s {self.bound_s:g})"
+                )
+        return dead
 
     def check(self, now: float) -> str:
         """'' while serving (or off, paused, every camera finished); else which part is dead, a sentence."""
         if not self.bound_s:
             return ""
+        stuck = self.stuck(now)
+        if stuck:
+            return stuck
         frames = sum(c.stats.frames for c in self._cameras)
         judged = self._loop.stats.batches + sum(g.skipped for g in self._loop.gates.values())
         paused = self._throttle.paused

@@ -80,8 +80,9 @@ class Telemetry:
         cams = {}
         for c in parts.cameras:
             s = c.stats
+            shown, reason = c.shown_state()  # `stuck` while its thread is stuck in a source call
             cams[c.name] = {
-                "state": s.state,
+                "state": shown,
                 "fps": round((s.frames - frames0.get(c.name, 0)) / dt_s, 2),
                 "frames": s.frames,
                 "drops": s.drops,
@@ -93,8 +94,8 @@ class Telemetry:
             }
             if c.name in parts.loop.gates:  # motion-gated: frames skipped while nothing moved
                 cams[c.name]["skipped"] = parts.loop.gates[c.name].skipped
-            if s.last_error:
-                cams[c.name]["last_error"] = s.last_error
+            if reason:
+                cams[c.name]["last_error"] = reason
             cams[c.name].update(parts.scenes.counts(c.name) or {})
         self._last = (now, st.rows, {c.name: c.stats.frames for c in parts.cameras})
         self.fps = (st.rows - rows0) / dt_s

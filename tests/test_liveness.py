@@ -7,9 +7,11 @@ seam. The daemon and the watchdog end to end: tests/test_health.py."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edged.daemon.camera_config import MotionConfig
@@ -22,7 +24,7 @@ from edged.daemon.preprocess import Preprocessor
 from edged.errors import ConfigError
 from edged.models.demo import DemoAssets
 
-from .conftest import base_config, write_config
+from .conftest import base_config, wait_until, write_config
 from .test_capture import SPEC
 
 BOUND = 10.0
@@ -111,3 +113,80 @@ def test_the_bound_is_checked_at_load(demo: DemoAssets, tmp_path: Path) -> None:
     assert load_config(write_config(tmp_path / "ok2.yaml", doc(120))).inference.serving_timeout_s == 120
     with pytest.raises(ConfigError, match=r"inference\.serving_timeout_s.*0 \(off\) or at least 10"):
         load_config(write_config(tmp_path / "bad.yaml", doc(5)))
+
+
+class Wedged:
+    """A source that gives frames, then wedges inside `read` (or `close`) as a thread stuck in GStreamer or
+    FFmpeg does: nothing times it out, only `release` (the test) lets it return."""
+
+    fps = 25.0
+    scaled_from = None
+
+    def __init__(self, where: str, after: int = 3) -> None:
+        self.where, self.after, self.reads = where, after, 0
+        self.wedged, self.release = threading.Event(), threading.Event()
+
+    def read(self) -> np.ndarray | None:
+        self.reads += 1
+        if self.where == "read" and self.reads > self.after:
+            self._wedge()
+        if self.where == "close" and self.reads > self.after:
+            return None  # a stall: the camera closes the source, and the close wedges
+        return np.full((48, 64, 3), 90, np.uint8)
+
+    def close(self) -> None:
+        if self.where == "close":
+            self._wedge()
+
+    def _wedge(self) -> None:
+        self.wedged.set()
+        self.release.wait(60)
+
+
+@pytest.mark.parametrize("where", ["read", "close"])
+def test_a_camera_stuck_in_a_source_call_is_dead_though_another_serves(
+    where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One camera's thread wedged inside its source (read, or close after a stall) while the other delivers
+    frames and batches run: today's counters look healthy. The stuck camera is named (its stack logged once)
+    as soon as its call outlives any bound a call has, and the daemon is dead once that lasts the bound."""
+    cond, stop = threading.Condition(), threading.Event()
+    source = Wedged(where)
+    cfg = CameraConfig(name="gate", uri="rtsp://127.0.0.1:1/gate", stall_timeout_s=0.2, reconnect_min_s=0.1)
+    stuck = Camera(cfg, Preprocessor(SPEC), cond, stop, opener=lambda _c: source)
+    other = cameras("door")[0]
+    loop = Loop()
+    live = Liveness(60.0, [other, stuck], loop, Throttle())
+    stuck.start()
+    try:
+        assert source.wedged.wait(20), "the source wedged"
+        t0 = time.monotonic()
+        assert stuck.in_call(t0)[0] == where
+        assert live.check(t0) == "" and stuck.stuck(t0) == ""  # within any call's bound: not stuck yet
+        later = t0 + stuck.stuck_after_s + 1
+        other.stats.frames += 1
+        loop.stats.batches += 1
+        assert live.check(later) == ""  # stuck, not yet for the bound: named, its stack logged
+        assert f"stuck in its source's {where}() for" in stuck.stuck(later)
+        logged = [r.getMessage() for r in caplog.records if "camera gate: stuck" in r.getMessage()]
+        assert len(logged) == 1 and "_wedge" in logged[0], logged
+        dead_at = t0 + 60 + 1
+        other.stats.frames += 1
+        loop.stats.batches += 1
+        dead = live.check(dead_at)
+        assert dead.startswith(f"serving: camera gate is stuck in its source's {where}() for"), dead
+        assert "inference.serving_timeout_s 60" in dead
+        assert len([r for r in caplog.records if "camera gate: stuck" in r.getMessage()]) == 1, "logged once"
+        # as telemetry, /readyz and /metrics show it (they read the clock now): `stuck`, never `up`
+        assert stuck.shown_state()[0] != "stuck"
+        stuck.stuck_after_s = 0.2
+        wait_until(lambda: bool(stuck.stuck()), 10, "the camera to count as stuck")
+        shown, reason = stuck.shown_state()
+        assert shown == "stuck" and reason.startswith(f"stuck in its source's {where}() for"), (shown, reason)
+        assert stuck.stats.state == "up" and not stuck.live  # it went in up (a close follows a stall before `down`)
+    finally:
+        source.release.set()
+        stop.set()
+        stuck.join(10)
+    assert not stuck._thread.is_alive()
+    assert stuck.in_call()[0] == "" and live.check(time.monotonic()) == ""
