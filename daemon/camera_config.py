@@ -11,8 +11,9 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .camera_sources import NETWORK_SCHEMES, URI_FORMS, check_uri
 from .framebound import MAX_FRAME_PIXELS
-from .redact import redact, scrub
+from .redact import redact
 from .zones import MAX_CAMERA_POINTS, polygon_problem
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -128,11 +129,7 @@ class CameraDetectionConfig(StrictModel):
 
 class CameraConfig(StrictModel):
     name: str = Field(description="unique; a topic level (letters, digits, '_', '.', '-')")
-    uri: str = Field(
-        description="the source: file:///path (or file://localhost/path, percent-encoded), "
-        "v4l2:///dev/videoN or v4l2://N (?width=&height=&fps=&format=MJPG|YUYV|NV12|UYVY), rtsp(s)://, http(s)://, "
-        "csi://N (?width=&height=&fps=&sensor_mode=), gst://<pipeline ending in appsink>, synthetic://",
-    )
+    uri: str = Field(description=f"the source: {URI_FORMS}")  # one form per row of camera_sources
     password_file: Path | None = Field(
         None, description="rtsp/http cameras: the URI's password, read at each open; the URI holds the user only"
     )
@@ -191,20 +188,7 @@ class CameraConfig(StrictModel):
     @field_validator("uri")
     @classmethod
     def _uri(cls, v: str) -> str:
-        scheme = v.split("://", 1)[0] if "://" in v else ""
-        if scheme not in {"file", "v4l2", "rtsp", "rtsps", "http", "https", "csi", "gst", "synthetic"}:
-            raise ValueError(
-                "scheme must be one of file://, v4l2://, rtsp://, rtsps://, http://, https://, csi://, gst://, "
-                "synthetic://, "
-                f"not {redact(v)}"
-            )
-        if scheme in {"rtsp", "rtsps", "http", "https"}:
-            try:
-                host = urlsplit(v).hostname
-            except ValueError as exc:  # a bad port or bracket: said without the URI's credentials
-                raise ValueError(f"{redact(v)}: not a URI with a host: {scrub(str(exc))}") from exc
-            if not host:
-                raise ValueError(f"{redact(v)}: no host ({scheme}://[USER@]HOST[:PORT]/PATH)")
+        check_uri(v)  # a scheme of camera_sources' table; a host for a network source
         return v
 
     @model_validator(mode="after")
@@ -216,7 +200,7 @@ class CameraConfig(StrictModel):
             user, password = parts.username, parts.password
         except ValueError as exc:
             raise ValueError(f"{redact(self.uri)}: not a URI with a host") from exc
-        if parts.scheme not in {"rtsp", "rtsps", "http", "https"}:
+        if parts.scheme not in NETWORK_SCHEMES:
             raise ValueError("password_file is for rtsp:// and http:// cameras")
         if not user or password is not None:
             raise ValueError(

@@ -35,7 +35,8 @@ from edged.protocol.backoff import Backoff
 
 from .config import CameraConfig
 from .framebound import FrameBound
-from .gst import GST_SCHEMES, use_gstreamer
+from .camera_sources import GST_SCHEMES
+from .gst import use_gstreamer
 from .motion import CutDetector
 from .preprocess import Preprocessor, Transform
 from .redact import scrub

@@ -206,30 +206,32 @@ def camera_path(cam: CameraConfig) -> Camera:
     from edged.errors import CaptureError
 
     from . import gst
-    from .gstpipe import plan
+    from .camera_sources import source_type
 
+    row = source_type(cam.uri)
     scheme = cam.uri.split("://", 1)[0]
     shown = f"{cam.name} ({cam.display})"
     # no other way in: backend gstreamer, or csi/gst where OpenCV (the fallback) is built without GStreamer
-    only = cam.backend == "gstreamer" or (scheme in {"csi", "gst"} and not opencv_has_gstreamer())
+    only = cam.backend == "gstreamer" or (row.needs_gst and not opencv_has_gstreamer())
     try:
-        on_gst = gst.use_gstreamer(cam)
+        on_gst = row.plan is not None and gst.use_gstreamer(cam)
     except CaptureError as exc:  # backend: gstreamer where it does not load
         return Camera(shown, "GStreamer", str(exc), GST_FIX, True)
-    if on_gst:
-        if scheme == "csi" and not gst.has_element("nvarguscamerasrc"):
-            why = "csi:// needs nvarguscamerasrc, which this GStreamer lacks"
-            return Camera(shown, "GStreamer", why, NV_FIX, only)
+    if on_gst and row.plan is not None:
+        for element in row.gst_elements:
+            if not gst.has_element(element):
+                why = f"{scheme}:// needs {element}, which this GStreamer lacks"
+                return Camera(shown, "GStreamer", why, NV_FIX, only)
         try:
-            p = plan(cam.uri, gst.have(), cam.rtsp_latency_ms, cam.rtsp_transport, cam.stall_timeout_s)
-            if scheme == "gst":
+            p = row.plan(cam.uri, gst.have(), cam.rtsp_latency_ms, cam.rtsp_transport, cam.stall_timeout_s)
+            if row.own_pipeline:
                 gst.parse_check(p.description, cam.display)
         except CaptureError as exc:
             fix = "fix the camera's uri (gst-launch-1.0 tries a pipeline)"
             return Camera(shown, "GStreamer", str(exc), fix, only)
         path = f"{gst.version()} (PyGObject)" + (", scaler nvvidconv" if "nvvidconv" in p.description else "")
         return Camera(shown, path, needs_gst=only)
-    if scheme in {"csi", "gst"}:
+    if row.needs_gst:
         if opencv_has_gstreamer():
             return Camera(shown, "OpenCV's GStreamer")
         if cam.backend == "opencv":
@@ -237,11 +239,7 @@ def camera_path(cam: CameraConfig) -> Camera:
             return Camera(shown, "OpenCV", f"{scheme}:// needs GStreamer; this OpenCV is built without it", fix)
         why = f"{scheme}:// needs GStreamer: {gst.why_unavailable()}; this OpenCV is built without it either"
         return Camera(shown, "none", why, GST_FIX, True)
-    if scheme in gst.GST_SCHEMES:
-        return Camera(shown, "OpenCV/FFmpeg (software decode)")
-    if scheme == "synthetic":
-        return Camera(shown, "synthetic frames")
-    return Camera(shown, "edged's MJPEG reader, else OpenCV/FFmpeg")
+    return Camera(shown, row.path)
 
 
 def _guarded_path(cam: CameraConfig) -> Camera:

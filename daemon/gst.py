@@ -34,6 +34,7 @@ import numpy as np
 
 from edged.errors import CaptureError
 
+from .camera_sources import GST_SCHEMES  # what the GStreamer path opens: the registry's rows with a plan
 from .config import CameraConfig
 from .framebound import FrameBound
 from .gstpipe import Plan, plan
@@ -43,7 +44,6 @@ from .redact import scrub
 
 logger = logging.getLogger(__name__)
 
-GST_SCHEMES = {"file", "v4l2", "rtsp", "rtsps", "csi", "gst"}  # what the GStreamer path opens
 OPTIONAL = ("nvvidconv", "nvarguscamerasrc", "nvv4l2decoder")
 SIZES_KEPT = 64  # buffers between the scaler and the reader whose source size is remembered
 POLL_S = 0.1  # how often a waiting read looks at the bus and at the stop event

@@ -142,47 +142,64 @@ def tail(nvmm: bool) -> str:
     return f"videoscale name=scaler ! capsfilter name=size caps=video/x-raw ! {TO_BGR}"
 
 
-def plan(uri: str, have: set[str], latency_ms: int, transport: str, timeout_s: float) -> Plan:
-    """The pipeline for `uri`. `have`: which of the optional elements (nvvidconv, nvarguscamerasrc)
-    this machine has. `uri` may carry a password: it only goes into `props`."""
-    scheme = uri.split("://", 1)[0]
+def plan_file(uri: str, have: set[str], latency_ms: int, transport: str, timeout_s: float) -> Plan:
     nvmm = "nvvidconv" in have
-    end = tail(nvmm)
-    if scheme == "file":
-        src = {"location": str(file_path(uri))}
-        return Plan(f"filesrc name=src ! decodebin name=dec ! {end}", dict(src), False, True, nvmm)
-    if scheme in {"rtsp", "rtsps"}:
-        props: dict[str, object] = {
-            "location": uri,
-            "latency": latency_ms,
-            "tcp-timeout": int(timeout_s * 1e6),
-            "timeout": int(timeout_s * 1e6),
-        }
-        if transport != "auto":
-            props["protocols"] = transport
-        return Plan(f"rtspsrc name=src ! decodebin name=dec ! {end}", props, True, True, nvmm)
-    if scheme == "v4l2":
-        o = v4l2_options(uri)
-        media = V4L2_FORMATS.get(o.format or "", "video/x-raw")
-        fmt = None if media == "image/jpeg" or o.format is None else media
-        caps = _caps("video/x-raw" if fmt else media, o.width, o.height, o.fps, fmt)
-        mid = f" ! {caps}" if caps not in ("video/x-raw",) else ""
-        return Plan(f"v4l2src name=src{mid} ! decodebin name=dec ! {end}", {"device": o.device}, True, True, nvmm)
-    if scheme == "csi":
-        c = csi_options(uri)
-        if "nvarguscamerasrc" not in have:
-            raise CaptureError(
-                f"{uri}: csi:// needs GStreamer's nvarguscamerasrc (JetPack's nvidia-l4t-gstreamer), "
-                "which this machine does not have"
-            )
-        props = {"sensor-id": c.sensor_id}
-        if c.sensor_mode is not None:
-            props["sensor-mode"] = c.sensor_mode
-        caps = _caps("video/x-raw(memory:NVMM)", c.width, c.height, c.fps)
-        return Plan(f"nvarguscamerasrc name=src ! {caps} ! {end}", props, True, True, True)
-    if scheme == "gst":
-        text = uri.split("://", 1)[1]
-        if "appsink" not in text:
-            raise CaptureError(f"{redact(uri)}: a gst:// pipeline must end in an appsink")
-        return Plan(text, {}, True, False, False)
-    raise CaptureError(f"{redact(uri)}: no GStreamer pipeline for {scheme}://")
+    src = {"location": str(file_path(uri))}
+    return Plan(f"filesrc name=src ! decodebin name=dec ! {tail(nvmm)}", dict(src), False, True, nvmm)
+
+
+def plan_rtsp(uri: str, have: set[str], latency_ms: int, transport: str, timeout_s: float) -> Plan:
+    nvmm = "nvvidconv" in have
+    props: dict[str, object] = {
+        "location": uri,
+        "latency": latency_ms,
+        "tcp-timeout": int(timeout_s * 1e6),
+        "timeout": int(timeout_s * 1e6),
+    }
+    if transport != "auto":
+        props["protocols"] = transport
+    return Plan(f"rtspsrc name=src ! decodebin name=dec ! {tail(nvmm)}", props, True, True, nvmm)
+
+
+def plan_v4l2(uri: str, have: set[str], latency_ms: int, transport: str, timeout_s: float) -> Plan:
+    nvmm = "nvvidconv" in have
+    o = v4l2_options(uri)
+    media = V4L2_FORMATS.get(o.format or "", "video/x-raw")
+    fmt = None if media == "image/jpeg" or o.format is None else media
+    caps = _caps("video/x-raw" if fmt else media, o.width, o.height, o.fps, fmt)
+    mid = f" ! {caps}" if caps not in ("video/x-raw",) else ""
+    return Plan(f"v4l2src name=src{mid} ! decodebin name=dec ! {tail(nvmm)}", {"device": o.device}, True, True, nvmm)
+
+
+def plan_csi(uri: str, have: set[str], latency_ms: int, transport: str, timeout_s: float) -> Plan:
+    c = csi_options(uri)
+    if "nvarguscamerasrc" not in have:
+        raise CaptureError(
+            f"{uri}: csi:// needs GStreamer's nvarguscamerasrc (JetPack's nvidia-l4t-gstreamer), "
+            "which this machine does not have"
+        )
+    props: dict[str, object] = {"sensor-id": c.sensor_id}
+    if c.sensor_mode is not None:
+        props["sensor-mode"] = c.sensor_mode
+    caps = _caps("video/x-raw(memory:NVMM)", c.width, c.height, c.fps)
+    return Plan(f"nvarguscamerasrc name=src ! {caps} ! {tail(True)}", props, True, True, True)
+
+
+def plan_gst(uri: str, have: set[str], latency_ms: int, transport: str, timeout_s: float) -> Plan:
+    text = uri.split("://", 1)[1]
+    if "appsink" not in text:
+        raise CaptureError(f"{redact(uri)}: a gst:// pipeline must end in an appsink")
+    return Plan(text, {}, True, False, False)
+
+
+def plan(uri: str, have: set[str], latency_ms: int, transport: str, timeout_s: float) -> Plan:
+    """The pipeline for `uri`, by its source type's row (``camera_sources``). `have`: which of the optional
+    elements (nvvidconv, nvarguscamerasrc) this machine has. `uri` may carry a password: it only goes into
+    `props`."""
+    from .camera_sources import BY_SCHEME  # the table names the plan_* above: imported when a plan is made
+
+    scheme = uri.split("://", 1)[0]
+    row = BY_SCHEME.get(scheme)
+    if row is None or row.plan is None:
+        raise CaptureError(f"{redact(uri)}: no GStreamer pipeline for {scheme}://")
+    return row.plan(uri, have, latency_ms, transport, timeout_s)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from edged.errors import CaptureError
 
 from . import gst
+from .camera_sources import source_type
 from .config import CameraConfig
-from .gst import GST_SCHEMES
-from .gstpipe import file_path, plan, v4l2_options
+from .gstpipe import plan
 from .sources import NO_GST, _has_gstreamer, open_source
 
 PROBE_FRAMES = 10
@@ -40,21 +39,15 @@ def check_camera(cam: CameraConfig) -> str:
     """What `check-config` can tell without opening the camera: the path it would take; raises
     CaptureError for a file or device that does not exist, csi:// without nvarguscamerasrc, a
     gst:// pipeline that does not parse."""
-    scheme = cam.uri.split("://", 1)[0]
-    if scheme == "file":
-        path = file_path(cam.uri)
-        if not path.is_file():
-            raise CaptureError(f"{cam.display}: no such file {path}")
-    elif scheme == "v4l2":
-        dev = v4l2_options(cam.uri).device
-        if not Path(dev).exists():
-            raise CaptureError(f"{cam.display}: no such device {dev}")
-    if not gst.use_gstreamer(cam):
-        if scheme in {"csi", "gst"} and not _has_gstreamer():
-            raise CaptureError(f"{cam.display}: {NO_GST.format(scheme=scheme)}")
-        return "opencv" if scheme in GST_SCHEMES else "edged"
+    row = source_type(cam.uri)
+    if row.local is not None:
+        row.local(cam)
+    if row.plan is None or not gst.use_gstreamer(cam):
+        if row.needs_gst and not _has_gstreamer():
+            raise CaptureError(f"{cam.display}: {NO_GST.format(scheme=cam.uri.split('://', 1)[0])}")
+        return "opencv" if row.plan is not None else "edged"
     p = plan(cam.uri, gst.have(), cam.rtsp_latency_ms, cam.rtsp_transport, cam.stall_timeout_s)
-    if scheme == "gst":
+    if row.own_pipeline:
         gst.parse_check(p.description, cam.display)
     return "gstreamer" + (" (nvvidconv)" if p.nvmm else "")
 
@@ -82,16 +75,16 @@ def probe_camera(cam: CameraConfig) -> Probe:
             dec = source.decoder
             where = "hardware" if dec.startswith("nv") else "software"
             scaler = "nvvidconv (hardware)" if "nvvidconv" in chosen else "videoscale (software)"
-            if cam.uri.startswith("gst://"):
+            if source_type(cam.uri).own_pipeline:
                 path = f"{gst.version()}: your pipeline"
             elif dec:
                 path = f"{gst.version()}: decoder {dec} ({where}), scaler {scaler}"
             else:
                 path = f"{gst.version()}: raw video, no decoder, scaler {scaler}"
             return Probe(w, h, fps, source.codec, path)
-        scheme = cam.uri.split("://", 1)[0]
-        path = "OpenCV/FFmpeg (software decode and scale)" if scheme in GST_SCHEMES else "edged (software)"
-        if scheme in GST_SCHEMES and cam.backend == "auto":
+        opencv = source_type(cam.uri).plan is not None  # off GStreamer, a type GStreamer opens goes to OpenCV
+        path = "OpenCV/FFmpeg (software decode and scale)" if opencv else "edged (software)"
+        if opencv and cam.backend == "auto":
             path += f"; GStreamer not used: {gst.why_unavailable()}"
         return Probe(w, h, fps, "", path)
     finally:

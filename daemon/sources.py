@@ -1,19 +1,20 @@
 """Camera sources: a camera's URI opened as something that gives frames (`Source`).
 
-URIs: ``file:///path.mp4``, ``v4l2:///dev/video0``, ``rtsp(s)://…``, ``http(s)://…`` (MJPEG read and
-decoded in ``netcam``, so no camera's open waits on another's; HLS and video files over HTTP through
-FFmpeg), ``csi://N`` (Jetson CSI through GStreamer ``nvarguscamerasrc``), ``gst://<pipeline ending in
-appsink>``, ``synthetic://?width=640&height=360&fps=15`` (a moving test pattern, no OpenCV capture).
-File, RTSP, v4l2, CSI and gst:// sources go through GStreamer (``gst``) where it loads and the camera's
-``backend`` allows, else through OpenCV. The camera thread that reads them is ``capture``.
+Which URI is which type is the registry's (``camera_sources``: one row per scheme family); here are the
+openers of the first types and ``open_source``, which picks the path: GStreamer (``gst``) for a type with a
+pipeline where it loads and the camera's ``backend`` allows, else the row's opener. ``file:///path.mp4``,
+``v4l2:///dev/video0``, ``rtsp(s)://…`` through OpenCV/FFmpeg off GStreamer; ``http(s)://…`` (MJPEG read
+and decoded in ``netcam``, so no camera's open waits on another's; HLS and video files over HTTP through
+FFmpeg); ``csi://N`` (Jetson CSI through ``nvarguscamerasrc``) and ``gst://<pipeline ending in appsink>``
+through OpenCV's GStreamer off PyGObject's; ``synthetic://?width=640&height=360&fps=15`` (a moving test
+pattern, no OpenCV capture). The camera thread that reads them is ``capture``.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Protocol
-from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit
 
 import cv2
 import numpy as np
@@ -21,26 +22,19 @@ import numpy as np
 from edged.errors import CaptureError
 
 from . import gst
+from .camera_sources import Opening, Source, source_type, with_password
 from .config import CameraConfig
 from .framebound import FrameBound
 from .gst import use_gstreamer
 from .gstpipe import csi_options, file_path, v4l2_options
 from .gstwhy import Tls
-from .netcam import open_http, probe_rtsp
+from .netcam import open_http as open_mjpeg
+from .netcam import probe_rtsp
 from .redact import redact
 
+__all__ = ["NO_GST", "OpenCvSource", "Source", "SyntheticSource", "open_source", "tls_warnings"]
+
 NO_FRAME = None
-
-
-class Source(Protocol):
-    fps: float  # the source's own rate, 0 when unknown
-    # set when the last frame read was scaled (in a GStreamer pipeline) from a source of this (w, h)
-    scaled_from: tuple[int, int] | None
-
-    def read(self) -> np.ndarray | None:
-        """Next frame (BGR), or None at the end of a file or when the source failed."""
-
-    def close(self) -> None: ...
 
 
 class OpenCvSource:
@@ -115,22 +109,6 @@ def _has_gstreamer() -> bool:
     return False
 
 
-def _with_password(cam: CameraConfig) -> str:
-    """The URI to open: with `password_file`, the file's first line goes in as the password, here and
-    only here (so the YAML holds no secret, and a rotated credential is read at the next reopen)."""
-    if cam.password_file is None:
-        return cam.uri
-    try:
-        lines = cam.password_file.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise CaptureError(f"{cam.display}: password_file: cannot read {cam.password_file}: {exc.strerror}") from exc
-    if not lines or not lines[0]:
-        raise CaptureError(f"{cam.display}: password_file {cam.password_file} is empty")
-    parts = urlsplit(cam.uri)
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    return urlunsplit(parts._replace(netloc=f"{userinfo}:{quote(lines[0], safe='')}@{hostport}"))
-
-
 NO_GST = (
     "this OpenCV was built without GStreamer and PyGObject's GStreamer is not importable, which {scheme}:// "
     "needs; install python3-gi and gir1.2-gstreamer-1.0 (on a Jetson: a venv made with --system-site-packages)"
@@ -143,34 +121,21 @@ def open_source(
     stop: threading.Event | None = None,
     bound: FrameBound | None = None,
 ) -> Source:
-    """Open the camera's URI; raise CaptureError with the reason when it cannot be opened. Messages
-    name the camera by its display form (`cam.display`: no credentials). `spec_size`: the size a
-    source of (w, h) is scaled to for the model, for the GStreamer path to scale in the pipeline.
-    `bound`: the camera's max_frame_pixels, which counts what it refuses (by default, one of its own)."""
-    shown = cam.display
+    """Open the camera's URI by its source type's row (``camera_sources``): the GStreamer path where the row
+    has a pipeline and ``gst.use_gstreamer`` says so, else the row's opener. Raises CaptureError with the
+    reason when it cannot be opened; messages name the camera by its display form (`cam.display`: no
+    credentials). `spec_size`: the size a source of (w, h) is scaled to for the model, for the GStreamer
+    path to scale in the pipeline. `bound`: the camera's max_frame_pixels, which counts what it refuses (by
+    default, one of its own)."""
+    row = source_type(cam.uri)
     bound = bound if bound is not None else FrameBound(cam.name, cam.max_frame_pixels)
-    scheme, rest = cam.uri.split("://", 1)
-    timeout_ms = int(cam.stall_timeout_s * 1000)
-    net = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
-    if scheme == "synthetic":
-        q = parse_qs(urlsplit(cam.uri).query)
-        try:
-            return SyntheticSource(
-                int(q.get("width", ["640"])[0]),
-                int(q.get("height", ["360"])[0]),
-                float(q.get("fps", [str(cam.fps_max)])[0]),
-            )
-        except ValueError as exc:
-            raise CaptureError(f"{shown}: bad synthetic parameters: {exc}") from exc
-    if scheme == "file":
-        path = file_path(cam.uri)
-        if not path.is_file():
-            raise CaptureError(f"{shown}: no such file")
-    if use_gstreamer(cam):
-        uri = _with_password(cam) if scheme in {"rtsp", "rtsps"} else cam.uri
+    if row.before_open is not None:  # said the same whichever path opens it (a missing file)
+        row.before_open(cam)
+    if row.plan is not None and use_gstreamer(cam):
+        uri = with_password(cam) if row.network else cam.uri
         return gst.open_gst(
             uri,
-            shown,
+            cam.display,
             cam.rtsp_latency_ms,
             cam.rtsp_transport,
             cam.stall_timeout_s,
@@ -179,43 +144,81 @@ def open_source(
             Tls(cam.tls_ca_file, cam.tls_verify),
             bound,
         )
-    if scheme == "file":
-        return OpenCvSource(str(file_path(cam.uri)), cv2.CAP_FFMPEG, [], bound)
-    if scheme == "v4l2":
-        o = v4l2_options(cam.uri)
-        params: list[int] = []
-        if o.format:
-            params += [cv2.CAP_PROP_FOURCC, cv2.VideoWriter.fourcc(*o.format.replace("YUY2", "YUYV"))]
-        for prop, value in ((cv2.CAP_PROP_FRAME_WIDTH, o.width), (cv2.CAP_PROP_FRAME_HEIGHT, o.height)):
-            if value:
-                params += [prop, value]
-        if o.fps:
-            params += [cv2.CAP_PROP_FPS, o.fps]
-        return OpenCvSource(o.device, cv2.CAP_V4L2, params, bound)
-    # Network sources: the server must answer here, within the open timeout, before FFmpeg's open
-    # (which holds a lock every other camera's open waits on) is tried; MJPEG needs no FFmpeg at all.
-    uri = _with_password(cam)
-    if scheme in {"http", "https"}:
-        mjpeg = open_http(uri, cam.stall_timeout_s, bound)
-        return mjpeg if mjpeg is not None else OpenCvSource(uri, cv2.CAP_FFMPEG, net, bound)
-    if scheme in {"rtsp", "rtsps"}:
-        probe_rtsp(uri, cam.stall_timeout_s, cam.tls_ca_file, cam.tls_verify)
-        return OpenCvSource(uri, cv2.CAP_FFMPEG, net, bound)
-    if scheme in {"csi", "gst"}:
-        if not _has_gstreamer():
-            raise CaptureError(f"{shown}: {NO_GST.format(scheme=scheme)}")
-        if scheme == "csi":
-            c = csi_options(cam.uri)
-            caps = "video/x-raw(memory:NVMM)" + (f",width={c.width},height={c.height}" if c.width and c.height else "")
-            pipeline = (
-                f"nvarguscamerasrc sensor-id={c.sensor_id} ! {caps},framerate={c.fps or round(cam.fps_max)}/1 ! "
-                "nvvidconv ! video/x-raw,format=BGRx ! videoconvert ! video/x-raw,format=BGR ! "
-                "appsink drop=true max-buffers=1 sync=false"
-            )
-        else:
-            pipeline = rest
-        return OpenCvSource(pipeline, cv2.CAP_GSTREAMER, [], bound)
-    raise CaptureError(f"{shown}: unsupported scheme {scheme}://")
+    # network sources get the URI with password_file's password, read here at each open
+    return row.open(cam, Opening(bound, stop, spec_size, with_password(cam) if row.network else None))
+
+
+# --- the openers of the first source types (camera_sources' rows name them) --------------------------------
+
+
+def _net_params(cam: CameraConfig) -> list[int]:
+    timeout_ms = int(cam.stall_timeout_s * 1000)
+    return [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
+
+
+def open_file(cam: CameraConfig, opening: Opening) -> Source:
+    return OpenCvSource(str(file_path(cam.uri)), cv2.CAP_FFMPEG, [], opening.bound)
+
+
+def open_v4l2(cam: CameraConfig, opening: Opening) -> Source:
+    o = v4l2_options(cam.uri)
+    params: list[int] = []
+    if o.format:
+        params += [cv2.CAP_PROP_FOURCC, cv2.VideoWriter.fourcc(*o.format.replace("YUY2", "YUYV"))]
+    for prop, value in ((cv2.CAP_PROP_FRAME_WIDTH, o.width), (cv2.CAP_PROP_FRAME_HEIGHT, o.height)):
+        if value:
+            params += [prop, value]
+    if o.fps:
+        params += [cv2.CAP_PROP_FPS, o.fps]
+    return OpenCvSource(o.device, cv2.CAP_V4L2, params, opening.bound)
+
+
+# Network sources: the server must answer here, within the open timeout, before FFmpeg's open (which holds
+# a lock every other camera's open waits on) is tried; MJPEG needs no FFmpeg at all.
+def open_http(cam: CameraConfig, opening: Opening) -> Source:
+    uri = opening.uri or cam.uri
+    mjpeg = open_mjpeg(uri, cam.stall_timeout_s, opening.bound)
+    return mjpeg if mjpeg is not None else OpenCvSource(uri, cv2.CAP_FFMPEG, _net_params(cam), opening.bound)
+
+
+def open_rtsp(cam: CameraConfig, opening: Opening) -> Source:
+    uri = opening.uri or cam.uri
+    probe_rtsp(uri, cam.stall_timeout_s, cam.tls_ca_file, cam.tls_verify)
+    return OpenCvSource(uri, cv2.CAP_FFMPEG, _net_params(cam), opening.bound)
+
+
+def _need_opencv_gstreamer(cam: CameraConfig) -> None:
+    if not _has_gstreamer():
+        raise CaptureError(f"{cam.display}: {NO_GST.format(scheme=cam.uri.split('://', 1)[0])}")
+
+
+def open_csi(cam: CameraConfig, opening: Opening) -> Source:
+    _need_opencv_gstreamer(cam)
+    c = csi_options(cam.uri)
+    caps = "video/x-raw(memory:NVMM)" + (f",width={c.width},height={c.height}" if c.width and c.height else "")
+    pipeline = (
+        f"nvarguscamerasrc sensor-id={c.sensor_id} ! {caps},framerate={c.fps or round(cam.fps_max)}/1 ! "
+        "nvvidconv ! video/x-raw,format=BGRx ! videoconvert ! video/x-raw,format=BGR ! "
+        "appsink drop=true max-buffers=1 sync=false"
+    )
+    return OpenCvSource(pipeline, cv2.CAP_GSTREAMER, [], opening.bound)
+
+
+def open_gst_pipeline(cam: CameraConfig, opening: Opening) -> Source:
+    _need_opencv_gstreamer(cam)
+    return OpenCvSource(cam.uri.split("://", 1)[1], cv2.CAP_GSTREAMER, [], opening.bound)
+
+
+def open_synthetic(cam: CameraConfig, opening: Opening) -> Source:
+    q = parse_qs(urlsplit(cam.uri).query)
+    try:
+        return SyntheticSource(
+            int(q.get("width", ["640"])[0]),
+            int(q.get("height", ["360"])[0]),
+            float(q.get("fps", [str(cam.fps_max)])[0]),
+        )
+    except ValueError as exc:
+        raise CaptureError(f"{cam.display}: bad synthetic parameters: {exc}") from exc
 
 
 def tls_warnings(cam: CameraConfig) -> list[str]:
