@@ -143,7 +143,9 @@ class Daemon:
             Camera(c, Preprocessor(spec), self.cond, self.stop_event, throttle=self.throttle) for c in cfg.cameras
         ]
         by_name = {c.name: c for c in self.cameras}
-        self.scenes = Scenes(cfg.detection, cfg.cameras, lambda name: by_name[name].last_frame)
+        self.scenes = Scenes(cfg.detection, cfg.cameras, lambda name, seq: by_name[name].frame_for(seq))
+        for c in self.cameras:  # an event's crop is cut from its own frame, kept until its result is decoded
+            c.keep_taken = self.scenes.crops(c.name)
         m = opened.package.manifest
         active = ActiveModel(opened.backend, opened.decoder, m.name, m.version)
         wait_s = cfg.inference.max_wait_ms / 1000.0

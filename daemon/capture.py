@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,9 +34,9 @@ import numpy as np
 from edged.errors import CaptureError
 from edged.protocol.backoff import Backoff
 
+from .camera_sources import GST_SCHEMES
 from .config import CameraConfig
 from .framebound import FrameBound
-from .camera_sources import GST_SCHEMES
 from .gst import use_gstreamer
 from .motion import CutDetector
 from .preprocess import Preprocessor, Transform
@@ -83,6 +84,12 @@ class FrameMeta:
 
 
 SEGMENT_REASONS = ("start", "reconnect", "loop", "stall", "scene_cut")
+
+
+# How many of the frames inference took a camera keeps, by seq, where its events carry crops (`frame_for`):
+# a result is decoded after the camera has read on, and its events' crops must come from the frame its
+# boxes were found in. Taken frames, not read ones: a batch or two are in flight, whatever the frame rate.
+TAKEN_KEPT = 4
 
 
 def stuck_after_s(stall_timeout_s: float) -> float:
@@ -141,6 +148,11 @@ class Camera:
         tracking = cfg.detection is None or cfg.detection.tracking.enabled
         self._cuts = CutDetector() if tracking else None  # scene cuts matter to tracks only
         self._last: tuple[np.ndarray, tuple[int, int] | None] | None = None  # newest frame offered, its source size
+        # where events carry crops (`keep_taken`, set by the daemon): each row's frame as read, and the last
+        # TAKEN_KEPT frames inference took, by seq (FrameMeta.seq), with their source sizes
+        self.keep_taken = False
+        self._raw: list[tuple[np.ndarray, tuple[int, int] | None] | None] = [None, None, None]
+        self._taken: OrderedDict[int, tuple[np.ndarray, tuple[int, int] | None]] = OrderedDict()
         # the source call this thread is inside (open, read, close) and since when (monotonic); None between
         self._call: tuple[str, float] | None = None
         self.stuck_after_s = stuck_after_s(cfg.stall_timeout_s)
@@ -176,6 +188,11 @@ class Camera:
         meta = self._meta[idx]
         if meta is None:
             raise RuntimeError("ready slot without metadata")
+        raw, self._raw[idx] = self._raw[idx], None
+        if raw is not None:  # kept until its result's events are cut (a few batches at most)
+            self._taken[meta.seq] = raw
+            while len(self._taken) > TAKEN_KEPT:
+                self._taken.popitem(last=False)
         return idx, meta
 
     def has_ready_locked(self) -> bool:
@@ -190,10 +207,14 @@ class Camera:
         """The newest frame offered, for snapshots, at the source's size (a frame the pipeline scaled is
         scaled back up here, only when asked, so boxes in source pixels land on it)."""
         last = self._last
-        if last is None:
-            return None
-        frame, src = last
-        return frame if src is None else cv2.resize(frame, src, interpolation=cv2.INTER_LINEAR)
+        return None if last is None else _at_source_size(*last)
+
+    def frame_for(self, seq: int) -> np.ndarray | None:
+        """The frame inference took with this seq (FrameMeta.seq), at the source's size, while it is one of
+        the TAKEN_KEPT last taken (and `keep_taken` is on); else None: never another frame in its place."""
+        with self.cond:
+            kept = self._taken.get(seq)
+        return None if kept is None else _at_source_size(*kept)
 
     @property
     def live(self) -> bool:
@@ -413,10 +434,15 @@ class Camera:
                 self._segment_reason,
             )
             self._last = (frame, src_size)
+            self._raw[idx] = self._last if self.keep_taken else None
             self._ready = idx
             self.stats.frames += 1
             self.cond.notify_all()
         return True
+
+
+def _at_source_size(frame: np.ndarray, src: tuple[int, int] | None) -> np.ndarray:
+    return frame if src is None else cv2.resize(frame, src, interpolation=cv2.INTER_LINEAR)
 
 
 def join_all(cameras: list[Camera], timeout_s: float) -> list[str]:

@@ -53,7 +53,8 @@ from .zones import Polygons, anchor_point
 logger = logging.getLogger(__name__)
 
 OBJECT_EVENTS = ("object_appeared", "object_entered", "object_left", "object_ended")
-FrameSource = Callable[[str], "np.ndarray | None"]  # camera name -> its newest frame (BGR), if any
+# (camera name, seq) -> the frame of that seq (BGR, source size) while the camera keeps it, else None
+FrameSource = Callable[[str, int], "np.ndarray | None"]
 Clock = Callable[[], float]  # seconds, monotonic
 DROP_LOG_S = 60.0  # a camera over its caps says so at the first drop, then at most once a minute
 BURST_S = 10.0  # the caps' buckets hold this many seconds' worth: the spool smooths a burst, the rate is what lasts
@@ -347,9 +348,16 @@ class Scenes:
         scene = self.scenes.get(r.camera)
         if scene is None:
             return r, [], True
-        frame = self._frames(r.camera) if scene.publish_events and scene.cfg.snapshot_kb > 0 else None
+        # the crop comes from the frame the boxes were found in, or there is none this time (the camera read on
+        # past the frames it keeps): a later frame's crop would show what the boxes did not
+        frame = self._frames(r.camera, r.meta.seq) if self.crops(r.camera) else None
         with self._lock:
             return self._process(scene, r, frame)
+
+    def crops(self, camera: str) -> bool:
+        """Whether `camera`'s events carry crops (cut from the frames the camera keeps: Camera.frame_for)."""
+        scene = self.scenes.get(camera)
+        return scene is not None and scene.publish_events and scene.cfg.snapshot_kb > 0
 
     def end_tracks(self, camera: str, reason: str, segment: int) -> list[dict[str, Any]]:
         """End every track of `camera` now (it went down in `segment`: `reason` is why), not at its next frame,

@@ -49,7 +49,7 @@ def face(x: float, y: float = 100.0, size: float = 40.0) -> Detection:
 def scenes(clock: Clock, frame: np.ndarray | None = None, **own: Any) -> Scenes:
     cfg = CameraDetectionConfig(**{"tracking": {"min_hits": 1, "max_age": 1}, "publish": "events", **own})
     cam = CameraConfig(name="cam", uri="synthetic://", detection=cfg)
-    return Scenes(DetectionConfig(score_threshold=0.5), [cam], lambda _: frame, clock=clock)
+    return Scenes(DetectionConfig(score_threshold=0.5), [cam], lambda *_: frame, clock=clock)
 
 
 def pairs_match(events: list[dict[str, Any]]) -> None:

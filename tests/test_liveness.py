@@ -120,7 +120,7 @@ class Wedged:
     FFmpeg does: nothing times it out, only `release` (the test) lets it return."""
 
     fps = 25.0
-    scaled_from = None
+    scaled_from: tuple[int, int] | None = None
 
     def __init__(self, where: str, after: int = 3) -> None:
         self.where, self.after, self.reads = where, after, 0

@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
+import threading
 
+import cv2
 import jsonschema
 import numpy as np
 import pydantic
 import pytest
 
-from edged.daemon.capture import SEGMENT_REASONS, FrameMeta
+from edged.daemon.capture import SEGMENT_REASONS, TAKEN_KEPT, Camera, FrameMeta
 from edged.daemon.config import CameraConfig, CameraDetectionConfig, DetectionConfig, TrackingConfig, ZoneConfig
 from edged.daemon.decoders import Detection
 from edged.daemon.events import Scene, Scenes, decode_options
 from edged.daemon.inference import Result
-from edged.daemon.preprocess import Transform
+from edged.daemon.preprocess import Preprocessor, Transform
 from edged.daemon.tracker import Tracker
 from edged.daemon.zones import Polygons, anchor_point, inside
 from edged.protocol import EVENT_SCHEMA, schema
 from edged.protocol.schemas import OBJECT_END_REASONS
+
+from .conftest import wait_until
+from .test_capture import SPEC
 
 
 def box(cx: float, cy: float, s: float = 40.0) -> tuple[float, float, float, float]:
@@ -160,7 +166,7 @@ def test_scene_events_with_zones_and_a_snapshot() -> None:
     scenes = Scenes(
         DetectionConfig(score_threshold=0.5),
         [CameraConfig(name="cam", uri="synthetic://", detection=own)],
-        lambda _: frame,
+        lambda *_: frame,
     )
     kinds = []
     for f in range(12):  # a face walks right across the door's edge (x = 320), then is gone
@@ -180,7 +186,7 @@ def test_scene_events_with_zones_and_a_snapshot() -> None:
 def test_snapshot_in_appeared_and_ended() -> None:
     own = CameraDetectionConfig(tracking={"min_hits": 1}, publish="both", snapshot_kb=8)
     frame = np.random.default_rng(0).integers(0, 255, (480, 640, 3), np.uint8)
-    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda _: frame)
+    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda *_: frame)
     _, events, frames_out = scenes.process(result(0, [det("face", 0.9, (10, 10, 200, 200))]))
     assert frames_out and events[0]["type"] == "object_appeared"
     jpg = base64.b64decode(events[0]["snapshot"]["data"])
@@ -193,7 +199,7 @@ def test_a_reopen_ends_the_tracks_with_its_reason_and_ids_go_on() -> None:
     """The frame index starts again at 0 after a reconnect (and a loop wrap): the tracks age by the camera's
     frame count, and the new segment ends them with its reason; a face where the old one was is a new track."""
     own = CameraDetectionConfig(tracking={"min_hits": 2, "max_age": 3}, publish="events")
-    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda _: None)
+    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda *_: None)
     face = [det("face", 0.9, (100, 100, 140, 140))]
     got = []
     for f in range(10):
@@ -226,7 +232,7 @@ def test_results_in_flight_after_a_camera_went_down_start_no_track() -> None:
     """The main loop ends a down camera's tracks at once (`end_tracks`); results of that segment still in the
     pipeline then go out untracked: the face does not appear (and end) a second time before the reconnect."""
     own = CameraDetectionConfig(tracking={"min_hits": 1, "max_age": 3}, publish="events")
-    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda _: None)
+    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda *_: None)
     face = [det("face", 0.9, (100, 100, 140, 140))]
     got = scenes.process(result(0, face))[1]
     got += scenes.end_tracks("cam", "reconnect", segment=0)
@@ -243,7 +249,7 @@ def test_results_in_flight_after_a_camera_went_down_start_no_track() -> None:
         ("object_ended", 2, "stopped"),
     ]
     # a camera that came back before the main loop asked: its new segment's tracks are not ended
-    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda _: None)
+    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda *_: None)
     scenes.process(result(0, face, seq=5, segment=(1, "reconnect")))
     assert scenes.end_tracks("cam", "reconnect", segment=0) == []
 
@@ -265,7 +271,7 @@ def test_camera_detection_config_errors() -> None:
 def test_object_events_fit_the_shipped_event_schema() -> None:
     own = CameraDetectionConfig(tracking={"min_hits": 1}, publish="events")
     frame = np.zeros((480, 640, 3), np.uint8)
-    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda _: frame)
+    scenes = Scenes(DetectionConfig(), [CameraConfig(name="cam", uri="synthetic://", detection=own)], lambda *_: frame)
     _, events, _ = scenes.process(result(0, [det("face", 0.9, (10, 10, 200, 200))]))
     events += scenes.close()
     head = {"schema": EVENT_SCHEMA, "device": "d", "boot_id": "0" * 32, "ts": "2026-11-30T16:00:00.000Z"}
@@ -283,3 +289,66 @@ def test_object_events_fit_the_shipped_event_schema() -> None:
     assert tuple(reasons) == OBJECT_END_REASONS
     assert not check.is_valid({**head, **ended, "reason": "gone"})
     assert {r for r in SEGMENT_REASONS if r != "start"} <= set(OBJECT_END_REASONS)
+
+
+class Numbered:
+    """A camera source whose every frame is one flat grey level of its own, so a crop says which frame it
+    was cut from."""
+
+    fps = 50.0
+    scaled_from: tuple[int, int] | None = None
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def read(self) -> np.ndarray:
+        self.n += 1
+        return np.full((480, 640, 3), level(self.n), np.uint8)
+
+    def close(self) -> None:
+        pass
+
+
+def level(seq: int) -> int:
+    return 20 + (seq * 37) % 200
+
+
+def take(cam: Camera, cond: threading.Condition) -> FrameMeta:
+    """The inference thread's part: take the ready frame, copy it (here: nothing), let its row go."""
+    with cond:
+        assert cond.wait_for(cam.has_ready_locked, 20), "a frame"
+        idx, meta = cam.take_locked() or (0, None)
+        cam.release_locked(idx)
+    assert meta is not None
+    return meta
+
+
+def test_an_events_crop_is_cut_from_the_frame_its_box_was_found_in() -> None:
+    """A result is decoded after its camera read on: its event's crop comes from its own frame (by seq), not
+    the camera's newest, which shows what the box did not; once TAKEN_KEPT later frames were taken, none."""
+    own = CameraDetectionConfig(tracking={"min_hits": 1}, publish="both", snapshot_kb=16)
+    cfg = CameraConfig(name="cam", uri="synthetic://", detection=own)
+    cond, stop = threading.Condition(), threading.Event()
+    cam = Camera(cfg, Preprocessor(SPEC), cond, stop, opener=lambda _c: Numbered())
+    scenes = Scenes(DetectionConfig(), [cfg], lambda _name, seq: cam.frame_for(seq))
+    assert scenes.crops("cam")
+    cam.keep_taken = True  # what the daemon sets where events carry crops
+    cam.start()
+    try:
+        meta = take(cam, cond)
+        taken = cam.stats.frames
+        wait_until(lambda: cam.stats.frames >= taken + 2, 20, "the camera to read on past the taken frame")
+        r = dataclasses.replace(result(0, [det("face", 0.9, (100, 100, 300, 300))]), meta=meta)
+        _, events, _ = scenes.process(r)
+        crop = cv2.imdecode(np.frombuffer(base64.b64decode(events[0]["snapshot"]["data"]), np.uint8), 1)
+        newest = cam.last_frame
+        assert newest is not None and int(newest[0, 0, 0]) != level(meta.seq)
+        assert abs(float(crop.mean()) - level(meta.seq)) < 2, (crop.mean(), level(meta.seq), newest[0, 0, 0])
+        later = [take(cam, cond) for _ in range(TAKEN_KEPT)]
+        assert cam.frame_for(meta.seq) is None and cam.frame_for(later[-1].seq) is not None
+        late = result(1, [det("face", 0.9, (400, 100, 600, 300))], seq=meta.seq)  # a new track, its frame gone
+        _, events, _ = scenes.process(dataclasses.replace(late, meta=meta))
+        assert [e["type"] for e in events] == ["object_appeared"] and "snapshot" not in events[0], events
+    finally:
+        stop.set()
+        cam.join(10)
