@@ -1,7 +1,9 @@
 """The wire contract of edged: everything a subscriber or a pusher sees on the broker (DESIGN §4, §6).
 
     topics      one builder per topic (status, results, events, telemetry, model state, commands and
-                replies, OTA request/data/status, discovery) and the response topics a device may use
+                replies, OTA request/data/status, discovery), the response topics a device may use, and
+                `TOPICS`, the table of every topic (direction, QoS, retained, who writes and reads) that
+                the topic reference and the shipped broker ACLs are made from
     schemas     schema ids, the shipped JSON Schemas (``schemas/*.schema.json``), payload builders
     commands    the command payload rules (strict JSON, ``expires_at``) and the reply document
     ota         OTA framing (offer, chunk request, chunk), transfer states (`OtaState`), the status document
