@@ -78,9 +78,9 @@ def free_port() -> int:
 
 
 def measure(uri: str, backend: str, seconds: float) -> dict[str, Any]:
-    from edged.daemon.capture import open_source
+    from edged.daemon.capture.camera import open_source
+    from edged.daemon.capture.preprocess import Preprocessor
     from edged.daemon.config import CameraConfig
-    from edged.daemon.preprocess import Preprocessor
     from edged.models.demo import default_dir, fetch_demo
 
     spec = fetch_demo(default_dir()).packages["blazeface-back"].manifest.input

@@ -5,7 +5,7 @@ In one run, against a local mosquitto on 127.0.0.1, with result-sized payloads (
 
   direct   a paho client publishing at QoS 1 (same in-flight window), counted until every PUBACK; the
            target's baseline is paho's own Client; the same run with the daemon's client (DeviceClient,
-           daemon/mqtt_client.py: paho with its per-PUBACK decoding and debug lines cut) is printed too, so
+           daemon/delivery/client.py: paho with its per-PUBACK decoding and debug lines cut) is printed too, so
            that what the spool itself costs can be told from what the client saves
   spool    the daemon's Publisher: queue -> SQLite spool (group commit) -> paho -> PUBACK -> delete
   cpu      CPU time of this process per result on each path (all threads; the broker is another
@@ -51,9 +51,9 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edged.daemon.config import MqttConfig, SpoolConfig
-from edged.daemon.mqtt_client import DeviceClient
-from edged.daemon.publish import Publisher
-from edged.daemon.spool import Spool
+from edged.daemon.delivery.client import DeviceClient
+from edged.daemon.delivery.publisher import Publisher
+from edged.daemon.delivery.spool import Spool
 
 DOC = {
     "schema": "edged.result/2",

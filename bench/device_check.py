@@ -128,7 +128,7 @@ def _prepare(tmp: Path) -> Env:
     reason = tensorrt_unavailable_reason()
     if reason:
         raise Skip(f"needs TensorRT, a CUDA binding (cuda-python or pycuda) and an NVIDIA GPU: {reason}")
-    from edged.daemon.backends.trt_api import device_facts, parse_version
+    from edged.daemon.backends.tensorrt.api import device_facts, parse_version
     from edged.models.demo import fetch_demo
 
     facts = device_facts()
@@ -178,7 +178,7 @@ class Probe:
     the backend uses (cuda_api: cuda-python, else pycuda)."""
 
     def __init__(self) -> None:
-        from edged.daemon.backends.cuda_api import load_cuda
+        from edged.daemon.backends.tensorrt.cuda import load_cuda
 
         self.cuda = load_cuda()
         self.cuda.init()

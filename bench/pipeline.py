@@ -48,7 +48,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edged.daemon.backends import OnnxRuntimeBackend
-from edged.daemon.preprocess import Preprocessor
+from edged.daemon.capture.preprocess import Preprocessor
 from edged.models.demo import fetch_demo
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling modules, also in spawned children (they unpickle)

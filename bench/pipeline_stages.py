@@ -16,12 +16,12 @@ from pipeline_rig import DEVICE
 
 from edged.daemon.app import Daemon
 from edged.daemon.backends import OnnxRuntimeBackend
-from edged.daemon.capture import FrameMeta
+from edged.daemon.capture.camera import FrameMeta
+from edged.daemon.capture.preprocess import Preprocessor
 from edged.daemon.config import load_config
 from edged.daemon.decoders import DecodeOptions, build_decoder
+from edged.daemon.delivery.publisher import result_payload
 from edged.daemon.inference import Result
-from edged.daemon.preprocess import Preprocessor
-from edged.daemon.publish import result_payload
 from edged.protocol.client import make_client
 
 

@@ -35,7 +35,7 @@ import paho.mqtt.client as mqtt
 import yaml
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edged.daemon.sensors import Sensors
+from edged.daemon.host.sensors import Sensors
 from edged.models.demo import fetch_demo
 
 REPO = Path(__file__).resolve().parent.parent

@@ -116,7 +116,7 @@ def median_interval(res: list[tuple[float, int]]) -> float:
 def stop_the_world(cfg_path: Path, rec: Recorder, package: Any, version: int, n: int) -> tuple[list[float], int]:
     from edged.daemon.app import Daemon
     from edged.daemon.config import load_config
-    from edged.daemon.swap import estimate_mb
+    from edged.daemon.lifecycle.manager import estimate_mb
     from edged.models.signing import TrustStore
     from edged.models.store import Store
 

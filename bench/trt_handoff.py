@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What CUDA-from-one-thread costs per batch: the TensorRT backend hands each `infer` to its CUDA thread and
-waits (daemon/backends/tensorrt.py, `_CudaThread`). Measured here without a GPU: the bare hand-off (a no-op
+waits (daemon/backends/tensorrt/__init__.py, `_CudaThread`). Measured here without a GPU: the bare hand-off (a no-op
 run on the backend's thread against the same no-op called directly), and a stand-in engine's whole `infer`
 (tests/trt_standin: pycuda's shape, nothing computed), so the figure is the hand-off alone. On a GPU a batch
 takes milliseconds; this prints how many microseconds of it the hand-off is.
@@ -38,9 +38,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=20000)
     args = ap.parse_args()
-    from edged.daemon.backends.cuda_api import Pycuda
     from edged.daemon.backends.tensorrt import TensorRTBackend, _CudaThread
-    from edged.daemon.backends.trt_api import TrtModules
+    from edged.daemon.backends.tensorrt.api import TrtModules
+    from edged.daemon.backends.tensorrt.cuda import Pycuda
     from tests.trt_standin import tensorrt as trt
     from tests.trt_standin.pycuda import driver
 

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if handler is None:  # every leaf parser sets one; a verb added without it is a usage error, not a crash
         parser.print_usage(sys.stderr)
         return 2
-    from edged.daemon.systemd import log_handler
+    from edged.daemon.host.systemd import log_handler
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[log_handler()])
     try:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edged: error: {exc}", file=sys.stderr)
         return 1
     except ModuleNotFoundError as exc:  # an extra not installed (ONNX Runtime, OpenCV): name it and its fix
-        from edged.daemon.extras import missing_message  # here: `edged push`/`watch` load nothing of the daemon
+        from edged.daemon.host.extras import missing_message  # here: `edged push`/`watch` load nothing of the daemon
 
         fix = missing_message(exc.name or "")
         if fix is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from edged.daemon.mqtt_config import BrokerFlags
+    from edged.daemon.config.mqtt import BrokerFlags
 
 
 def add_broker_flags(p: argparse.ArgumentParser) -> None:
@@ -24,7 +24,7 @@ def add_broker_flags(p: argparse.ArgumentParser) -> None:
 
 
 def broker_flags(args: argparse.Namespace) -> BrokerFlags:
-    from edged.daemon.mqtt_config import BrokerFlags
+    from edged.daemon.config.mqtt import BrokerFlags
 
     return BrokerFlags(
         host=args.host,

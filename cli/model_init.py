@@ -136,7 +136,7 @@ def write_golden(folder: Path, image: Path, atol: float, rtol: float) -> str:
     import numpy as np
 
     from edged.daemon.backends import OnnxRuntimeBackend
-    from edged.daemon.preprocess import Preprocessor
+    from edged.daemon.capture.preprocess import Preprocessor
     from edged.errors import PackageError
     from edged.models.golden import INPUT_FILE, OUTPUT_FILE, save_input
     from edged.models.package import verify_folder, write_package

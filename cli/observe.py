@@ -64,7 +64,7 @@ def _watch(args: argparse.Namespace) -> int:
 def _telemetry(args: argparse.Namespace) -> int:
     import json
 
-    from edged.daemon.sensors import Sensors
+    from edged.daemon.host.sensors import Sensors
 
     r = Sensors(args.root).read()
     if args.json:

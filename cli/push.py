@@ -109,7 +109,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _broker(args: argparse.Namespace) -> MqttConfig:
     """The config's mqtt section (with its EDGED_MQTT__* overrides) and the flags over it, as `edged watch`."""
     from edged.daemon.config import MqttConfig, load_mqtt_config
-    from edged.daemon.mqtt_config import with_flags
+    from edged.daemon.config.mqtt import with_flags
 
     return with_flags(load_mqtt_config(args.config) if args.config else MqttConfig(), args.config, broker_flags(args))
 

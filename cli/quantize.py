@@ -191,7 +191,7 @@ def _build_engine(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    from edged.daemon.backends.trt_build import BuilderOptions
+    from edged.daemon.backends.tensorrt.build import BuilderOptions
     from edged.models.init import parse_batches
     from edged.quantize.engine import build_engine_package
 

@@ -56,7 +56,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _run(args: argparse.Namespace) -> int:
     # Signals first (before the heavy imports): a SIGTERM in any phase is a clean stop, a SIGHUP never kills.
-    from edged.daemon.startup import Signals, StateLock
+    from edged.daemon.host.startup import Signals, StateLock
     from edged.errors import StoppedBeforeStart
 
     signals = Signals()
@@ -114,8 +114,8 @@ def _check(args: argparse.Namespace) -> int:
             f"{args.config}: config valid (device {cfg.device_id}, {len(cfg.cameras)} camera(s), "
             f"broker {cfg.mqtt.host}:{cfg.mqtt.port})"
         )
-    from edged.daemon.gstprobe import check_camera
-    from edged.daemon.sources import tls_warnings
+    from edged.daemon.capture.probe import check_camera
+    from edged.daemon.capture.sources import tls_warnings
     from edged.errors import CaptureError
 
     bad = 0
@@ -130,7 +130,7 @@ def _check(args: argparse.Namespace) -> int:
             bad += 1
             continue
         if args.probe_cameras:
-            from edged.daemon.gstprobe import probe_camera
+            from edged.daemon.capture.probe import probe_camera
 
             try:
                 print(f"  probe: {probe_camera(cam).line()}")
@@ -158,8 +158,8 @@ def _check_model(cfg: Config) -> None:
 
     from edged.daemon.backends import open_backend
     from edged.daemon.decoders import build_decoder
-    from edged.daemon.loader import resolve_package
-    from edged.daemon.swap import check_io
+    from edged.daemon.lifecycle.loader import resolve_package
+    from edged.daemon.lifecycle.manager import check_io
     from edged.models.package import open_package
 
     with tempfile.TemporaryDirectory(prefix="edged-check-") as scratch:

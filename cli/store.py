@@ -68,7 +68,7 @@ def _recover_unless_served(store: Store, state_dir: Path) -> None:
     """What a start of the daemon does (a consistent store, staging wiped), but only when no daemon holds
     the state directory's lock: a running one recovered the store at its start, and its staging/ may hold
     an over-the-air transfer being installed right now."""
-    from edged.daemon.startup import StateLock
+    from edged.daemon.host.startup import StateLock
     from edged.errors import StateDirError
 
     try:

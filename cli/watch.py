@@ -132,7 +132,7 @@ def watch(
             else:
                 import cv2
 
-                from edged.daemon.annotate import draw  # OpenCV drawing, only for --snapshot
+                from edged.daemon.scene.draw import draw  # OpenCV drawing, only for --snapshot
 
                 cv2.imwrite(str(snapshot), draw(frame, best["detections"]))
                 print(

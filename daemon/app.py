@@ -31,29 +31,29 @@ from edged.models.store import Store
 from edged.protocol import topics
 from edged.protocol.schemas import EVENT_SCHEMA
 
-from . import affinity
 from .backends import Backend
-from .capture import Camera, Throttle, join_all
-from .commands import Commands
+from .capture.camera import Camera, Throttle, join_all
+from .capture.preprocess import Preprocessor
 from .config import Config
 from .control import Control
-from .events import Scenes, decode_options
-from .governor import Governor
-from .group_offer import GroupOffers
+from .delivery.commands import Commands
+from .delivery.homeassistant import HomeAssistant
+from .delivery.publisher import Publisher, iso
+from .delivery.spool import Spool
 from .health import HealthServer, Probe
-from .homeassistant import HomeAssistant
+from .host import affinity
+from .host.governor import Governor
+from .host.sensors import Sensors, process_memory_mb, rss_mb, trim_heap
+from .host.startup import Signals, StateLock
+from .host.systemd import Watchdog, notify, set_log_model
 from .inference import ActiveModel, InferenceLoop, Result
+from .lifecycle.loader import ModelLoader, Opened
+from .lifecycle.manager import ModelManager
+from .lifecycle.ota import OtaReceiver
+from .lifecycle.ota.group_offer import GroupOffers
 from .liveness import Liveness
-from .loader import ModelLoader, Opened
-from .ota import OtaReceiver
 from .parts import Parts
-from .preprocess import Preprocessor
-from .publish import Publisher, iso
-from .sensors import Sensors, process_memory_mb, rss_mb, trim_heap
-from .spool import Spool
-from .startup import Signals, StateLock
-from .swap import ModelManager
-from .systemd import Watchdog, notify, set_log_model
+from .scene.scenes import Scenes, decode_options
 from .telemetry import RunSummary, Telemetry
 
 logger = logging.getLogger(__name__)

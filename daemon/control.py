@@ -27,15 +27,15 @@ from edged.errors import Code, ConfigError, EdgedError
 from edged.protocol import topics
 from edged.protocol.ota import CANCEL_VERB
 
-from .annotate import draw, fit_jpeg
-from .commands import CommandError, Commands, NoArgs
 from .config import load_config
 from .decoders import DecodeOptions
+from .delivery.commands import CommandError, Commands, NoArgs
+from .delivery.publisher import MAX_PAYLOAD_BYTES
+from .host.systemd import monotonic_usec, notify
 from .inference import Result
-from .ota import MAX_OFFER_BYTES, CancelArgs, OfferArgs, OtaReceiver
+from .lifecycle.ota import MAX_OFFER_BYTES, CancelArgs, OfferArgs, OtaReceiver
 from .parts import Parts
-from .publish import MAX_PAYLOAD_BYTES
-from .systemd import monotonic_usec, notify
+from .scene.draw import draw, fit_jpeg
 from .telemetry import Telemetry
 
 logger = logging.getLogger(__name__)

@@ -12,13 +12,13 @@ daemon when a required check fails.
     gstreamer   GStreamer through PyGObject (python3-gi), the capture path of file/rtsp/v4l2/csi/gst
                 cameras; required when a configured camera cannot be opened without it
     gst-nv      NVIDIA elements (nvarguscamerasrc, nvv4l2decoder, nvvidconv) in the registry capture uses
-    capture     each configured camera: the path the daemon opens it on (edged.daemon.gst decides, as
+    capture     each configured camera: the path the daemon opens it on (capture/gstreamer/pipeline.py decides, as
                 the daemon does) and why it cannot be opened on this machine
     tensorrt    imports and its version; required when the model is an engine or is built on the device
     cuda        the CUDA binding (cuda-python, else pycuda): which, its version and why; required with TensorRT
     gpu         CUDA device, compute capability and free memory (through that binding), DLA cores (TensorRT)
     l4t         /etc/nv_tegra_release: R36 is JetPack 6; R35 (JetPack 5) is refused
-    sensors     thermal zones, power rails, GPU load, power mode (edged.daemon.sensors)
+    sensors     thermal zones, power rails, GPU load, power mode (edged.daemon.host.sensors)
     journald    under systemd: python3-systemd, which gives the journal each line's priority and fields
     state_dir   writable by this user, free space
     broker      a real MQTT connect with the config's host, port, TLS identity and credentials
@@ -46,7 +46,7 @@ from edged.errors import BackendError, EdgedError
 from edged.models import compat
 
 from .config import CameraConfig, Config
-from .sensors import Sensors
+from .host.sensors import Sensors
 
 Status = Literal["ok", "fail", "warn", "n/a"]
 NV_ELEMENTS = ("nvarguscamerasrc", "nvv4l2decoder", "nvvidconv")
@@ -153,7 +153,7 @@ def check_opencv(needs: Needs) -> list[Check]:
     out = [Check("opencv", "ok", f"OpenCV {cv2.__version__} from {_origin(cv2.__file__)}", required=True)]
     if opencv_has_gstreamer():
         return [*out, Check("gst-cv2", "ok", "OpenCV is built with GStreamer (used by backend: opencv cameras)")]
-    from . import gst
+    from .capture.gstreamer import pipeline as gst
 
     detail = "OpenCV is built without GStreamer"
     if gst.available():
@@ -171,9 +171,9 @@ def opencv_has_gstreamer() -> bool:
 
 
 def check_gstreamer(cameras: list[Camera] | None) -> Check:
-    """GStreamer through PyGObject, the daemon's capture path (edged.daemon.gst); required when a configured
+    """GStreamer through PyGObject, the daemon's capture path (capture/gstreamer/); required when a configured
     camera cannot be opened without it."""
-    from . import gst
+    from .capture.gstreamer import pipeline as gst
 
     required = any(c.needs_gst for c in cameras or [])
     if gst.available():
@@ -205,8 +205,8 @@ def camera_path(cam: CameraConfig) -> Camera:
     whether the file, device or server is there now (`edged check-config --probe-cameras` opens it)."""
     from edged.errors import CaptureError
 
-    from . import gst
-    from .camera_sources import source_type
+    from .capture.gstreamer import pipeline as gst
+    from .capture.registry import source_type
 
     row = source_type(cam.uri)
     scheme = cam.uri.split("://", 1)[0]
@@ -261,7 +261,7 @@ def check_capture(cameras: list[Camera]) -> Check:
 def check_gst_elements(needs: Needs, inspect: str | None = None) -> Check:
     """The NVIDIA elements in the registry capture uses (PyGObject's GStreamer); gst-inspect-1.0 where that
     does not load."""
-    from . import gst
+    from .capture.gstreamer import pipeline as gst
 
     if gst.available() and inspect is None:
         found = [el for el in NV_ELEMENTS if gst.has_element(el)]
@@ -311,7 +311,7 @@ def check_tensorrt(needs: Needs) -> tuple[Check, Any]:
 def check_gpu(needs: Needs, root: Path, trt: Any) -> list[Check]:
     """The CUDA binding the TensorRT backend uses (cuda-python, else pycuda: which, its version, why), then the
     GPU through it: name, compute capability, free memory, DLA cores."""
-    from edged.daemon.backends.cuda_api import CudaError, load_cuda
+    from edged.daemon.backends.tensorrt.cuda import CudaError, load_cuda
 
     nodes = [n for n in GPU_NODES if (root / n).exists()]
     soc_cc = compat.tegra_compute_capability(root)
@@ -391,7 +391,7 @@ def check_sensors(root: Path) -> Check:
 
 
 def check_journald(root: Path) -> Check:
-    """python3-systemd's JournalHandler (edged.daemon.systemd uses it under systemd): without it the journal
+    """python3-systemd's JournalHandler (edged.daemon.host.systemd uses it under systemd): without it the journal
     has the daemon's lines from stderr, each at the unit's priority and without edged's fields."""
     if not (root / "run" / "systemd" / "system").is_dir():
         return Check("journald", "n/a", "systemd is not running here: logs are plain lines on stderr")
@@ -472,7 +472,7 @@ def check_broker(cfg: Config, timeout_s: float = 5.0) -> Check:
 
 
 def check_model(cfg: Config, root: Path, trt_version: str | None) -> Check:
-    from .loader import resolve_package
+    from .lifecycle.loader import resolve_package
 
     try:
         pkg = resolve_package(cfg)

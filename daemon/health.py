@@ -37,10 +37,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from edged import __version__
 
-from .consumer_config import HealthConfig
+from .config.consumers import HealthConfig
+from .host.sensors import process_memory_mb
 from .latency import Histogram
 from .parts import Parts
-from .sensors import process_memory_mb
 from .telemetry import Telemetry
 
 logger = logging.getLogger(__name__)

@@ -31,13 +31,13 @@ import numpy as np
 from edged.errors import InferenceError
 from edged.models.package import InputSpec
 
-from .affinity import CoreSplit, apply_engine
 from .backends import Backend
 from .backends.base import fixed_batches
-from .capture import Camera, FrameMeta
+from .capture.camera import Camera, FrameMeta
+from .capture.motion import MotionGate
 from .decoders import DecodeOptions, Decoder, Detection
+from .host.affinity import CoreSplit, apply_engine
 from .latency import Window as Window  # re-exported: daemon/telemetry.py takes it from here
-from .motion import MotionGate
 
 logger = logging.getLogger(__name__)
 

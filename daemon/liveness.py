@@ -25,9 +25,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from .capture import Camera, Throttle
+from .capture.camera import Camera, Throttle
+from .capture.motion import MotionGate
 from .inference import InferenceStats
-from .motion import MotionGate
 
 logger = logging.getLogger(__name__)
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from .capture import Camera, Throttle
+from .capture.camera import Camera, Throttle
 from .config import Config
-from .events import Scenes
-from .governor import Governor
+from .delivery.publisher import Publisher
+from .host.governor import Governor
 from .inference import InferenceLoop
-from .ota import OtaReceiver
-from .publish import Publisher
-from .swap import ModelManager
+from .lifecycle.manager import ModelManager
+from .lifecycle.ota import OtaReceiver
+from .scene.scenes import Scenes
 
 
 class Configured(Protocol):

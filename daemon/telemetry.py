@@ -22,10 +22,10 @@ from typing import Any
 
 from edged.protocol.schemas import TELEMETRY_SCHEMA
 
+from .delivery.publisher import iso
+from .host.sensors import process_memory_mb
 from .inference import Result, Window
 from .parts import Parts
-from .publish import iso
-from .sensors import process_memory_mb
 
 
 @dataclass

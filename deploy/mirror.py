@@ -1,6 +1,6 @@
 """``edged push --mirror DIR_OR_URL``: a package's files on a web server, and the offer naming their URLs.
 
-The devices then download the files over HTTP(S) (``edged.daemon.download``) from nginx, a CDN or an
+The devices then download the files over HTTP(S) (``edged.daemon.lifecycle.ota.download``) from nginx, a CDN or an
 S3-compatible store instead of from ``edged push`` over MQTT; the signed manifest still goes over MQTT
 and each file is checked against its sha256 on the device. The layout is content-addressed::
 

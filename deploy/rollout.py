@@ -25,7 +25,7 @@ transfer id; devices already current answer ``unchanged``). An aborted rollout i
 
 With ``--group``, when the rollout reaches its last wave the offer is also published, retained, on the
 group's topic (`edged.protocol.topics.group_offer`): a device of the group that was offline takes it when
-it connects again (`edged.daemon.group_offer`), still refused if older than what it runs or rolled back
+it connects again (`edged.daemon.lifecycle.ota.group_offer`), still refused if older than what it runs or rolled back
 there. The pusher follows such devices (``--wait-offline S`` after the last wave) and serves them. The
 retained offer lives only while a pusher serves it: it expires (MQTT v5 Message Expiry) when this one
 stops waiting and is withdrawn when it exits, so a device back later never starts a transfer nobody

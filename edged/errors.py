@@ -8,7 +8,7 @@
     │   └── InferenceError          a batch failed to run
     ├── DecoderError                a decoder does not fit the model's outputs
     ├── PublishError                MQTT publishing failed in a way the caller must see
-    │   └── SpoolError              the spool's storage failed (daemon/spool.py)
+    │   └── SpoolError              the spool's storage failed (daemon/delivery/spool/__init__.py)
     │       └── SpoolCorrupt        the spool file is not a database, or a malformed one
     ├── PackageError                a model package is malformed or fails verification (`code` says which)
     │   └── IncompatibleEngine      an engine built for another TensorRT, GPU or L4T (models/compat.py)
@@ -26,13 +26,13 @@
 Two more live here but outside `EdgedError`, because callers tell them apart from it:
 
     RuntimeError
-    └── CudaError                   a CUDA driver call failed (daemon/backends/cuda_api.py); never leaves the
-                                    TensorRT backend: ``trt_api.translate`` turns it into an EngineLoadError,
+    └── CudaError                   a CUDA driver call failed (daemon/backends/tensorrt/cuda.py); never leaves the
+                                    TensorRT backend: ``api.translate`` turns it into an EngineLoadError,
                                     InferenceError or BackendError with its reason (an EdgedError would be
                                     passed on untranslated)
     Exception
     └── StoppedBeforeStart          not a failure: a stop signal came before the model was opened, and
-                                    `edged run` exits 0 without loading it (daemon/startup.py)
+                                    `edged run` exits 0 without loading it (daemon/host/startup.py)
 
 Every public exception class of edged is defined in this file (tests/test_errors_tree.py holds that and that
 this tree names each one under its real base); the modules named above import theirs from here and keep the
@@ -255,7 +255,7 @@ class RolloutError(EdgedError):
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed; the message names the call and CUDA's reason. Translated at the backend's
-    boundary (``trt_api.translate``) into EngineLoadError / InferenceError / BackendError."""
+    boundary (``api.translate``) into EngineLoadError / InferenceError / BackendError."""
 
 
 class StoppedBeforeStart(Exception):

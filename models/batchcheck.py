@@ -9,7 +9,7 @@ row of each output with its reference, within the golden pair's tolerance:
 - ``edged model init``: each batch written against the source export itself, run one image at a time;
 - ``edged model pack`` / ``verify`` / ``init`` (cli/model_init.py ``check_model``): each batch of a package
   against its smallest, so a package made by an older edged is caught too;
-- a swap on the device (daemon/admission.py): each batch the backend runs against its smallest.
+- a swap on the device (daemon/lifecycle/admission.py): each batch the backend runs against its smallest.
 
 The probe rows: the golden image (when the package has one) in every row, then distinct random rows (a
 model that mixes rows, or reads another row's values, differs there). Numpy only: the device's runtime

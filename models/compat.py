@@ -37,7 +37,7 @@ TEGRA_COMPUTE_CAPABILITY = {
     "nvidia,tegra194": "7.2",  # Xavier NX / AGX Xavier
     "nvidia,tegra234": "8.7",  # Orin Nano / NX / AGX Orin
 }
-# The TensorRT versions edged runs: 8.6 (JetPack 6.0) to 11.x (daemon/backends/trt_api.py spells each).
+# The TensorRT versions edged runs: 8.6 (JetPack 6.0) to 11.x (daemon/backends/tensorrt/api.py spells each).
 TENSORRT_MIN = (8, 6)
 TENSORRT_MAX_MAJOR = 11
 TENSORRT_SUPPORTED = "8.6 (JetPack 6.0) to 11.x"

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 # ONNX Runtime's CPU arena over the graph's planned peak of intermediate tensors: what admission counts before
-# a model loads (daemon/swap.py) and what the loaded model reports (daemon/backends/onnxruntime.py), one figure.
+# a model loads (daemon/lifecycle/) and what the loaded model reports (daemon/backends/onnxruntime.py), one figure.
 # Measured (x86-64, onnxruntime 1.32, one thread, RSS after 20 batches of a second session in a warm process):
 # BlazeFace back batch 4 +43.5 MB for an 18.0 MB plan, front batch 4 +18.9 MB for 5.2 MB; earlier, 1.2x to
 # 1.8x on both (batch 8 to 64). Disabling the arena (enable_cpu_mem_arena=False) costs more, not less (a fresh

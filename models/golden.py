@@ -15,7 +15,7 @@ tiled), with the batch size in `shape`. Values are told apart by their bits, so 
 come back as they were written.
 
 Old packages carry ``golden_input.npy`` (the plain array); `load_input` reads both, and every reader
-(daemon/admission.py, cli/model_init.py) goes through it. `load_output` reads the outputs (an .npz, written
+(daemon/lifecycle/admission.py, cli/model_init.py) goes through it. `load_output` reads the outputs (an .npz, written
 compressed since) whole and closes the file.
 """
 

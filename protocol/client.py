@@ -70,7 +70,7 @@ def make_client(
 ) -> mqtt.Client:
     """A paho client set up from `cfg`: MQTT v5, TLS and credentials from files; `will` is (topic, payload) of
     a retained QoS 1 last will (a device's ``offline`` status); `client_class`: paho's Client or a subclass
-    (the daemon's, daemon/mqtt_client.py). ConfigError names what cannot be loaded."""
+    (the daemon's, daemon/delivery/client.py). ConfigError names what cannot be loaded."""
     client = client_class(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
     if cfg.tls is not None:
         for f in (cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file):
@@ -96,7 +96,7 @@ def make_client(
         client.username_pw_set(cfg.username, password)
     client.max_inflight_messages_set(cfg.max_inflight)
     # paho counts QoS 1 messages in flight and queued against one limit: the publisher keeps 1.5 windows of
-    # spooled rows there (daemon/publish.py), so 1.5 windows stay for status, replies, model and OTA state
+    # spooled rows there (daemon/delivery/publisher.py), so 1.5 windows stay for status, replies, model and OTA state
     client.max_queued_messages_set(cfg.max_inflight * 3)
     if will is not None:
         client.will_set(will[0], will[1], qos=1, retain=True)

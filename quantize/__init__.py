@@ -7,5 +7,5 @@ report.py   the accuracy report and gate, through the daemon's preprocessing and
 tool.py     `edged quantize`: source model + frames -> gated package
 qdq.py      `build-engine --calib`: float model + frames -> a Q/DQ model for TensorRT, checked against the
             float model on those frames (every TensorRT version; TensorRT's calibrator is not used)
-engine.py   `edged build-engine`: ONNX -> TensorRT engine package (the builder is edged.daemon.backends.trt_build)
+engine.py   `edged build-engine`: ONNX -> TensorRT engine package (the builder is edged.daemon.backends.tensorrt.build)
 """

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edged.daemon.backends.trt_build import BuilderOptions, BuiltEngine, Precision, build_engine
+from edged.daemon.backends.tensorrt.build import BuilderOptions, BuiltEngine, Precision, build_engine
 from edged.errors import Code, QuantizeError
 from edged.models.compat import l4t_release
 from edged.models.package import Manifest, Package, publish_package, sha256_file

@@ -34,7 +34,7 @@ from typing import Literal
 import numpy as np
 import onnx
 
-from edged.daemon.preprocess import Preprocessor
+from edged.daemon.capture.preprocess import Preprocessor
 from edged.errors import QuantizeError
 from edged.models.package import InputSpec
 from edged.progress import Eta

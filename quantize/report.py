@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from edged.daemon.backends import OnnxRuntimeBackend
+from edged.daemon.capture.preprocess import Preprocessor, Transform
 from edged.daemon.decoders import DecodeOptions, Detection, build_decoder
-from edged.daemon.preprocess import Preprocessor, Transform
 from edged.models.package import Manifest
 from edged.progress import Eta
 

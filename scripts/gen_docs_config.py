@@ -97,7 +97,7 @@ def config_reference() -> str:
         "",
         GENERATED,
         "",
-        "Every key of `edged.yaml`, from the pydantic models in `daemon/config.py`. Unknown keys are errors;",
+        "Every key of `edged.yaml`, from the pydantic models in `daemon/config/__init__.py`. Unknown keys are errors;",
         "an error names the key path and the file. How the file is read (environment overrides, relative",
         "paths, `${VARIABLES}`, what `systemctl reload` applies) is in the",
         "[operator guide](../operator.md#configuration); `examples/edged.example.yaml` is a commented example.",

@@ -14,11 +14,11 @@ command -v mosquitto_sub >/dev/null || need+=(mosquitto-clients)  # mosquitto_su
 [ -f /usr/include/mosquitto_plugin.h ] || need+=(mosquitto-dev)  # headers: tests/test_suback.py builds a broker plugin that refuses a SUBSCRIBE
 command -v npm >/dev/null || need+=(npm)
 command -v systemd-analyze >/dev/null || need+=(systemd)  # unit checks only; systemd is never booted here
-# The GStreamer capture path (daemon/gst.py) and its tests: GStreamer, its plugins, PyGObject, and
+# The GStreamer capture path (daemon/capture/gstreamer/pipeline.py) and its tests: GStreamer, its plugins, PyGObject, and
 # gst-rtsp-server for the tests' RTSP camera.
 gst_pkgs=(gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad
   gstreamer1.0-libav python3-gi gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0 gir1.2-gst-rtsp-server-1.0)
-gst_pkgs+=(python3-systemd)  # daemon/systemd.py: libsystemd's sd_notify and journald, as on the device
+gst_pkgs+=(python3-systemd)  # daemon/host/systemd.py: libsystemd's sd_notify and journald, as on the device
 for p in "${gst_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
@@ -85,7 +85,7 @@ if ! .venv/bin/python -W ignore -c 'import gi' 2>/dev/null; then
   fi
 fi
 
-# python3-systemd the same way (daemon/systemd.py uses it where importable, its own sd_notify elsewhere).
+# python3-systemd the same way (daemon/host/systemd.py uses it where importable, its own sd_notify elsewhere).
 sys_sd=$(/usr/bin/python3 -c 'import systemd.daemon, os; print(os.path.dirname(systemd.__file__))' 2>/dev/null || true)
 if [ -n "$sys_sd" ] && [ "$sys_ver" = "$venv_ver" ] && ! .venv/bin/python -c 'import systemd.daemon' 2>/dev/null; then
   echo "setup: linking Debian's python3-systemd ($sys_sd) into .venv"

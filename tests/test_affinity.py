@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edged.daemon import affinity
+from edged.daemon.host import affinity
 from edged.models.demo import DemoAssets
 
 from .conftest import base_config, wait_until, write_config
@@ -66,7 +66,7 @@ def test_the_inference_thread_runs_alone_on_its_core(
 
 
 def test_off_by_default_and_refused_with_a_reason_where_it_cannot_help(caplog: pytest.LogCaptureFixture) -> None:
-    from edged.daemon.runtime_config import InferenceConfig
+    from edged.daemon.config.runtime import InferenceConfig
 
     assert InferenceConfig().dedicated_core is False
     assert affinity.plan(False, True, 1) is None

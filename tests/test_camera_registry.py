@@ -1,4 +1,4 @@
-"""The camera source registry (daemon/camera_sources.py): one row per scheme family, and the config check,
+"""The camera source registry (daemon/capture/registry.py): one row per scheme family, and the config check,
 both capture paths, check-config's probe and doctor read it; no scheme chains left elsewhere."""
 
 from __future__ import annotations
@@ -9,11 +9,14 @@ import sys
 
 import pytest
 
-from edged.daemon import camera_sources, gst, gstpipe, sources
-from edged.daemon.camera_sources import BY_SCHEME, GST_SCHEMES, NETWORK_SCHEMES, SCHEMES, SOURCE_TYPES, source_type
+from edged.daemon.capture import registry as camera_sources
+from edged.daemon.capture import sources
+from edged.daemon.capture import uri as gstpipe
+from edged.daemon.capture.gstreamer import pipeline as gst
+from edged.daemon.capture.probe import check_camera
+from edged.daemon.capture.registry import BY_SCHEME, GST_SCHEMES, NETWORK_SCHEMES, SCHEMES, SOURCE_TYPES, source_type
 from edged.daemon.config import CameraConfig
 from edged.daemon.doctor import camera_path
-from edged.daemon.gstprobe import check_camera
 from edged.errors import CaptureError
 
 from .conftest import REPO
@@ -43,7 +46,7 @@ def test_the_config_loader_and_the_registry_load_no_opencv() -> None:
     """`edged push -c`/`edged watch -c` load the config: the table they validate URIs by pulls in no OpenCV,
     numpy or GStreamer (every source type's module is light at import)."""
     code = (
-        "import sys, edged.daemon.config, edged.daemon.camera_sources\n"
+        "import sys, edged.daemon.config, edged.daemon.capture.registry\n"
         "bad = [m for m in ('cv2', 'numpy', 'gi') if m in sys.modules]\n"
         "print(bad); sys.exit(1 if bad else 0)\n"
     )
@@ -63,7 +66,7 @@ def test_the_uri_description_and_the_scheme_error_list_every_row() -> None:
 
 def test_no_scheme_chains_left_in_the_modules_that_read_the_table() -> None:
     chain = re.compile(r"""scheme\s*(==|!=|in|not in)\s*[{("']""")  # `if scheme == "csi"`, `scheme in {…}`
-    for name in ("sources.py", "gstpipe.py", "gstprobe.py", "camera_config.py"):
+    for name in ("capture/sources.py", "capture/uri.py", "capture/probe.py", "config/cameras.py"):
         text = (REPO / "daemon" / name).read_text()
         found = [line.strip() for line in text.splitlines() if chain.search(line)]
         assert not found, f"daemon/{name}: {found}"

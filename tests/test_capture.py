@@ -16,10 +16,10 @@ import cv2
 import numpy as np
 import pytest
 
-from edged.daemon.capture import Camera
+from edged.daemon.capture.camera import Camera
+from edged.daemon.capture.preprocess import Preprocessor
+from edged.daemon.capture.sources import _has_gstreamer, open_source
 from edged.daemon.config import CameraConfig
-from edged.daemon.preprocess import Preprocessor
-from edged.daemon.sources import _has_gstreamer, open_source
 from edged.errors import CaptureError
 from edged.models.demo import DemoAssets
 from edged.models.package import InputSpec
@@ -122,7 +122,7 @@ def test_a_camera_whose_open_raises_a_bug_retries_instead_of_dying(rig, caplog: 
     """An exception that is not a CaptureError (a library bug, as PyGObject's first-use race was) ended the
     camera's thread for good: that camera never sent a result again. Now it is logged with its traceback,
     counted, and the camera retries with backoff."""
-    from edged.daemon.sources import SyntheticSource
+    from edged.daemon.capture.sources import SyntheticSource
 
     cond, stop = rig
     calls = itertools.count()
@@ -305,7 +305,7 @@ def test_mjpeg_parts_without_a_length_and_a_new_size_mid_stream(rig) -> None:
 
 def test_uri_rules_and_the_pipelines_they_make() -> None:
     """URI parsing shared by both paths, and the GStreamer pipeline text (no GStreamer needed)."""
-    from edged.daemon.gstpipe import csi_options, file_path, plan, v4l2_options
+    from edged.daemon.capture.uri import csi_options, file_path, plan, v4l2_options
 
     assert file_path("file://localhost/srv/a%20b.mp4") == Path("/srv/a b.mp4")
     assert file_path("file:///srv/c%23d.mp4") == Path("/srv/c#d.mp4")

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from edged.daemon import gst, gstpipe
-from edged.daemon.capture import Camera, join_all, open_source
+from edged.daemon.capture import uri as gstpipe
+from edged.daemon.capture.camera import Camera, join_all, open_source
+from edged.daemon.capture.gstreamer import pipeline as gst
+from edged.daemon.capture.preprocess import Preprocessor
+from edged.daemon.capture.probe import check_camera
 from edged.daemon.config import CameraConfig
-from edged.daemon.gstprobe import check_camera
-from edged.daemon.preprocess import Preprocessor
 from edged.errors import CaptureError
 from edged.models.demo import DemoAssets
 from edged.models.package import InputSpec
@@ -292,9 +293,9 @@ def test_four_rtsp_cameras_at_once(h264_video: Path, servers, rig) -> None:
 
 FIRST_OPENS = """
 import json, sys, threading, time
-from edged.daemon.capture import Camera, join_all
+from edged.daemon.capture.camera import Camera, join_all
 from edged.daemon.config import CameraConfig
-from edged.daemon.preprocess import Preprocessor
+from edged.daemon.capture.preprocess import Preprocessor
 from edged.models.package import InputSpec
 sys.setswitchinterval(1e-5)  # threads switch often: what a busy device does now and then
 video, n = sys.argv[1], int(sys.argv[2])
@@ -345,7 +346,7 @@ def test_a_cpp_exception_after_gstreamer_loads_raises_instead_of_crashing(tmp_pa
     code = (
         "import sys, numpy as np\n"
         "from pathlib import Path\n"
-        "from edged.daemon import gst\n"
+        "from edged.daemon.capture.gstreamer import pipeline as gst\n"
         "assert gst.available(), gst.why_unavailable()\n"
         "from edged.daemon.backends import OnnxRuntimeBackend\n"
         "from edged.errors import EngineLoadError\n"

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from edged.daemon import gst
-from edged.daemon.capture import Camera, join_all, open_source
+from edged.daemon.capture.camera import Camera, join_all, open_source
+from edged.daemon.capture.gstreamer import pipeline as gst
+from edged.daemon.capture.preprocess import Preprocessor
+from edged.daemon.capture.sources import Source
 from edged.daemon.config import CameraConfig
-from edged.daemon.preprocess import Preprocessor
-from edged.daemon.sources import Source
 from edged.errors import CaptureError
 from edged.models.demo import DemoAssets
 

@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from edged.daemon import gst
+from edged.daemon.capture.gstreamer import pipeline as gst
+from edged.daemon.capture.sources import open_source, tls_warnings
 from edged.daemon.config import CameraConfig
-from edged.daemon.sources import open_source, tls_warnings
 from edged.errors import CaptureError
 from edged.models.demo import DemoAssets
 

@@ -23,7 +23,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel, ConfigDict
 
-from edged.daemon.commands import Commands, NoArgs
+from edged.daemon.delivery.commands import Commands, NoArgs
 from edged.errors import CommandError
 from edged.models.demo import DemoAssets
 from edged.protocol.commands import MAX_COMMAND_BYTES, parse_payload
@@ -445,7 +445,7 @@ def test_snapshot_of_a_4k_camera_fits_the_cap(
 
 
 def test_fit_jpeg_lowers_the_quality_then_scales() -> None:
-    from edged.daemon.annotate import fit_jpeg
+    from edged.daemon.scene.draw import fit_jpeg
 
     rng = np.random.default_rng(3)
     noisy = rng.integers(0, 256, (2160, 3840, 3), dtype=np.uint8)  # the worst case: nothing compresses

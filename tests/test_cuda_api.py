@@ -1,4 +1,4 @@
-"""The CUDA binding adapter (daemon/backends/cuda_api.py): which binding runs, and cuda-python's calls against
+"""The CUDA binding adapter (daemon/backends/tensorrt/cuda.py): which binding runs, and cuda-python's calls against
 the real `cuda-bindings` package.
 
 The real check: the cuda-bindings 12.x wheel (from PyPI, cached under ~/.cache/edged/cuda-api or
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from edged.daemon.backends.cuda_api import CUDA_PYTHON_API, load_cuda
+from edged.daemon.backends.tensorrt.cuda import CUDA_PYTHON_API, load_cuda
 from edged.errors import BackendError
 from tests.conftest import REPO
 from tests.trt_standins import use_standins
@@ -28,8 +28,8 @@ WHEELS = ("cuda-bindings>=12.6,<13", "cuda-pathfinder")
 PROBE = r"""
 import inspect, json, re, sys
 from cuda.bindings import driver
-from edged.daemon.backends.cuda_api import CUDA_PYTHON_API, CudaError, CudaPython
-from edged.daemon.backends.trt_api import translate
+from edged.daemon.backends.tensorrt.cuda import CUDA_PYTHON_API, CudaError, CudaPython
+from edged.daemon.backends.tensorrt.api import translate
 from edged.errors import EngineLoadError
 out = {}
 for name, (nargs, nvalues) in CUDA_PYTHON_API.items():

@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper, save
 
 from edged.daemon.backends import OnnxRuntimeBackend
+from edged.daemon.capture.preprocess import Preprocessor
 from edged.daemon.decoders import DecodeOptions, build_decoder
-from edged.daemon.preprocess import Preprocessor
 from edged.errors import DecoderError
 from edged.models.demo import DemoAssets
 from edged.models.demo_video import FACES

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from edged.daemon.backends import OnnxRuntimeBackend
+from edged.daemon.capture.preprocess import Preprocessor
 from edged.daemon.decoders import DecodeOptions, Detection, build_decoder
-from edged.daemon.preprocess import Preprocessor
 from edged.errors import DecoderError
 from edged.models.demo import DemoAssets
 from edged.models.demo_document import render_page

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from edged.daemon import session
 from edged.daemon.config import MqttConfig, SpoolConfig
-from edged.daemon.publish import Publisher
-from edged.daemon.spool import Spool
+from edged.daemon.delivery import session
+from edged.daemon.delivery.publisher import Publisher
+from edged.daemon.delivery.spool import Spool
 from edged.models.demo import DemoAssets
 from edged.protocol.backoff import Backoff
 

@@ -24,7 +24,7 @@ import onnx
 import pytest
 
 from edged.cli import main as cli_main
-from edged.daemon.backends import trt_api
+from edged.daemon.backends.tensorrt import api as trt_api
 from edged.errors import QuantizeError
 from edged.models.demo import DemoAssets
 from edged.models.package import Package, open_package, sha256_file, write_package

@@ -25,8 +25,7 @@ _FOREIGN = re.compile(r"\.\w*(Error|Exception|Warning)$")
 _TREE_LINE = re.compile(r"^    ((?:[│ ]   )*)(?:[├└]── )?(\w+)\b")
 # Classes errors.py defines whose old module still defines its own copy, each with what removes it. The test
 # fails when a new one appears and when one listed here is gone (then delete its line).
-PENDING: dict[str, str] = {
-}
+PENDING: dict[str, str] = {}
 
 
 def _classes(py: Path) -> list[tuple[str, list[str]]]:
@@ -144,8 +143,9 @@ def test_a_moved_error_keeps_its_code_str_and_pickle(name: str, code: Code) -> N
 
 
 def test_the_moved_errors_stay_importable_where_they_were() -> None:
-    from edged.daemon import spool, spool_file
-    from edged.daemon.backends import cuda_api
+    from edged.daemon.backends.tensorrt import cuda as cuda_api
+    from edged.daemon.delivery import spool
+    from edged.daemon.delivery.spool import file as spool_file
     from edged.deploy import bundle, certs, rollout, rollout_state
     from edged.models import compat
 

@@ -20,8 +20,8 @@ import pytest
 
 from edged.daemon.config import CameraConfig, CameraDetectionConfig, DetectionConfig
 from edged.daemon.decoders import Detection
-from edged.daemon.events import Scenes
-from edged.daemon.zones import Polygons
+from edged.daemon.scene.scenes import Scenes
+from edged.daemon.scene.zones import Polygons
 from edged.models.demo import DemoAssets
 from edged.protocol import EVENT_SCHEMA, TELEMETRY_SCHEMA, schema
 
@@ -128,7 +128,7 @@ def test_snapshots_over_their_cap_are_left_out_and_never_encoded(caplog: pytest.
     clock = Clock()
     frame = np.random.default_rng(0).integers(0, 255, (480, 640, 3), np.uint8)
     sc = scenes(clock, frame, max_snapshots_per_s=0.2)  # burst 2: one track's appeared and ended
-    with caplog.at_level(logging.WARNING, "edged.daemon.events"):
+    with caplog.at_level(logging.WARNING, "edged.daemon.scene.scenes"):
         out = sc.process(result(0, [face(10), face(300)]))[1]
         tracker = sc.scenes["cam"].tracker
         assert tracker is not None
@@ -154,7 +154,7 @@ def test_a_pixel_zone_beyond_the_frame_is_warned_once_per_frame_size(caplog: pyt
     from edged.daemon.config import ZoneConfig
 
     zones = Polygons([ZoneConfig(name="far", points=[(0, 0), (2000, 0), (2000, 100)])], "camera cam: zone")
-    with caplog.at_level(logging.WARNING, "edged.daemon.zones"):
+    with caplog.at_level(logging.WARNING, "edged.daemon.scene.zones"):
         for _ in range(3):
             assert zones.containing((600, 10), 640, 480) == ["far"]
     assert caplog.text.count("camera cam: zone far: points beyond the 640x480 frame") == 1, caplog.text

@@ -22,7 +22,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from edged.daemon.zones import anchor_point, inside
+from edged.daemon.scene.zones import anchor_point, inside
 from edged.models.demo import DemoAssets
 from edged.protocol import EVENT_SCHEMA, RESULT_SCHEMA, schema
 

@@ -27,8 +27,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from edged.daemon.app import Daemon
 from edged.daemon.config import MqttConfig, SpoolConfig, load_config
-from edged.daemon.publish import Publisher
-from edged.daemon.spool import Spool, SpoolError
+from edged.daemon.delivery.publisher import Publisher
+from edged.daemon.delivery.spool import Spool, SpoolError
 from edged.daemon.telemetry import RunSummary
 from edged.models.demo import DemoAssets
 

@@ -24,8 +24,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edged.daemon.governor import admit
-from edged.daemon.swap import activation_mb, estimate_mb
+from edged.daemon.host.governor import admit
+from edged.daemon.lifecycle.manager import activation_mb, estimate_mb
 from edged.errors import EngineLoadError, PackageError
 from edged.models.demo import DemoAssets
 from edged.models.footprint import activation_bytes

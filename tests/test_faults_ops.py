@@ -14,9 +14,9 @@ from typing import Any
 import cv2
 import pytest
 
-from edged.daemon.capture import Camera
+from edged.daemon.capture.camera import Camera
+from edged.daemon.capture.preprocess import Preprocessor
 from edged.daemon.config import CameraConfig
-from edged.daemon.preprocess import Preprocessor
 from edged.models.demo import DemoAssets
 from edged.models.package import InputSpec
 from edged.models.signing import SigningKey
@@ -164,7 +164,7 @@ def test_a_camera_whose_server_hangs_holds_no_other_camera_open(
 
 
 def test_an_mjpeg_open_gives_up_within_its_bound_and_says_so(hanging: HangingServer, rig: Any) -> None:
-    from edged.daemon.capture import open_source
+    from edged.daemon.capture.camera import open_source
     from edged.errors import CaptureError
 
     cfg = CameraConfig(name="c", uri=f"http://user:secret@127.0.0.1:{hanging.port}/s.mjpg", stall_timeout_s=1)
@@ -366,7 +366,7 @@ def test_an_mjpeg_stream_of_bytes_that_never_make_a_frame_is_a_stall() -> None:
     """A camera that answers 200 multipart and then streams bytes without a part delimiter (a wedged
     encoder, a proxy's garbage) gives no frame within the read's bound: the camera sees a stall and
     reconnects, rather than reading forever."""
-    from edged.daemon.netcam import open_http
+    from edged.daemon.capture.netcam import open_http
 
     sock = socket.create_server(("127.0.0.1", 0))
     port = int(sock.getsockname()[1])

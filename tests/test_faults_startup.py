@@ -24,7 +24,7 @@ from onnx import helper, numpy_helper
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edged.daemon.config import load_config
-from edged.daemon.loader import resolve_package
+from edged.daemon.lifecycle.loader import resolve_package
 from edged.errors import ConfigError, PackageError
 from edged.models.demo import DemoAssets
 from edged.models.package import pack_tar, write_package

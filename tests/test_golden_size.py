@@ -15,9 +15,9 @@ import pytest
 from onnx import numpy_helper
 
 from edged.cli.model_init import write_golden
-from edged.daemon.admission import golden_check
 from edged.daemon.backends import OnnxRuntimeBackend
-from edged.daemon.preprocess import Preprocessor
+from edged.daemon.capture.preprocess import Preprocessor
+from edged.daemon.lifecycle.admission import golden_check
 from edged.errors import Code, PackageError, SwapError
 from edged.models.demo import DemoAssets
 from edged.models.golden import INPUT_FILE, decode_input, encode_input, load_input, save_input

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from edged.daemon.capture import Throttle
+from edged.daemon.capture.camera import Throttle
 from edged.daemon.config import GovernorConfig, MemoryConfig
-from edged.daemon.governor import Governor, Level, Policy, admit, plan_swap
-from edged.daemon.sensors import Reading, Sensors
+from edged.daemon.host.governor import Governor, Level, Policy, admit, plan_swap
+from edged.daemon.host.sensors import Reading, Sensors
 from edged.errors import EngineLoadError, SwapError
 from edged.models.demo import DemoAssets
 
@@ -269,7 +269,7 @@ def test_unrelated_hwmon_sensors_are_not_governed_by_default(tmp_path) -> None:
     """An Orin devkit's NVMe drive at 92 °C (a hwmon chip) is reported, but with no zones configured the
     governor watches the SoC's thermal zones; on a machine without thermal zones, hwmon counts, except
     storage and network chips."""
-    from edged.daemon.sensors import Sensors
+    from edged.daemon.host.sensors import Sensors
     from tests.sysfs_fixtures import BOARDS, put
 
     root = BOARDS["orin_nano_jp6"](tmp_path / "orin")
@@ -294,7 +294,7 @@ def test_the_budget_counts_this_process_nvmap_gpu_memory(tmp_path) -> None:
     process's rows of nvmap's iovmm client table (the file jtop reads) to RSS against the budget."""
     import os
 
-    from edged.daemon.sensors import Sensors, nvmap_process_mb
+    from edged.daemon.host.sensors import Sensors, nvmap_process_mb
     from tests.sysfs_fixtures import BOARDS, put
 
     root = BOARDS["orin_nano_jp6"](tmp_path / "orin")

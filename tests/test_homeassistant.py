@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from edged.daemon.config import Config
-from edged.daemon.homeassistant import STATE_FILE, discovery_configs, read_published
+from edged.daemon.delivery.homeassistant import STATE_FILE, discovery_configs, read_published
 from edged.models.demo import DemoAssets
 from edged.protocol.schemas import HA_SENSOR_SCHEMA, HA_STATE_SCHEMA, schema
 

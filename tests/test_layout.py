@@ -1,4 +1,7 @@
-"""The repository layout of DESIGN.md §1: one import root, parts in top-level folders, one-way deps."""
+"""The repository layout of docs/architecture.md: one import root, parts in top-level folders, one-way deps.
+
+The import rules are the page's "What may import what" table, read by tests/architecture_page.py: this file
+keeps no copy of them."""
 
 from __future__ import annotations
 
@@ -15,30 +18,19 @@ import edged.models
 import edged.protocol
 import edged.quantize
 
+from . import architecture_page
 from .conftest import REPO
 
-# DESIGN.md §1, "may import": for each top-level folder, the `edged.*` modules its files may import
-# (a prefix covers its submodules). Every part may import the exception tree and the version. The folder
-# itself is always allowed; so is `edged.protocol` where the table says so, before and after it exists.
-# edged.progress: the offline tools' progress lines with an ETA (stdlib only), shared by quantize and deploy
-# (which may not import each other); not in DESIGN.md §1's table, which lags it
-SHARED = ("edged.errors", "edged.__version__", "edged.progress")
+# docs/architecture.md, "What may import what". SHARED: what every part may import (the exception tree, the
+# version, the offline tools' progress lines). MAY_IMPORT: for each top-level folder, the `edged.*` modules
+# its files may import (a prefix covers its submodules), the folder itself first. WINGS: for each wing of
+# daemon/ (edged.daemon.<wing>), the other rooms of daemon/ its files may import besides the wing itself;
+# from outside daemon/ a wing may import what MAY_IMPORT["daemon"] allows.
+SHARED, _RULES = architecture_page.import_rules()
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
-    "daemon": ("edged.daemon", "edged.models", "edged.protocol"),
-    "models": ("edged.models",),
-    "protocol": ("edged.protocol",),
-    # the daemon's preprocessing, decoders and backends, so that a quantized model is judged by the code
-    # that will run it
-    "quantize": (
-        "edged.quantize",
-        "edged.models",
-        "edged.daemon.preprocess",
-        "edged.daemon.decoders",
-        "edged.daemon.backends",
-    ),
-    "deploy": ("edged.deploy", "edged.models", "edged.protocol"),
-    "cli": ("edged",),  # everything
+    key.split(".")[1]: (key, *allowed) for key, allowed in _RULES.items() if key.count(".") == 1
 }
+WINGS: dict[str, tuple[str, ...]] = {key: allowed for key, allowed in _RULES.items() if key.count(".") == 2}
 # Imports the table forbids that the code still has, each with what removes it. The test fails when a new
 # one appears and when one listed here is gone (then delete its line).
 KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {}
@@ -57,7 +49,7 @@ def test_parts_come_from_their_top_level_folders() -> None:
 
 
 def test_the_import_root_keeps_only_the_exception_tree_the_version_and_progress() -> None:
-    """DESIGN §1: `edged/` is what every part shares; the `edged` command lives in cli/. `__main__` stays
+    """docs/architecture.md: `edged/` is what every part shares; the `edged` command lives in cli/. `__main__` stays
     for `python -m edged run …` (the tests and the systemd unit use it) and only hands over to edged.cli."""
     found = {p.name for p in (REPO / "edged").iterdir() if p.name != "__pycache__"}
     assert found == {"__init__.py", "__main__.py", "errors.py", "progress.py"}, found
@@ -88,7 +80,7 @@ def _imports_by_file(py: Path, package: str) -> set[str]:
 
 
 def _is_module(module: str) -> bool:
-    """An `edged.*` module or package of this repository (`edged.daemon` is the folder daemon/, DESIGN §1)."""
+    """An `edged.*` module or package of this repository (`edged.daemon` is the folder daemon/)."""
     parts = module.split(".")
     if parts[0] != "edged" or len(parts) < 2:
         return False
@@ -102,21 +94,42 @@ def _package_of(py: Path) -> str:
     return ".".join(("edged", folder, *inner)) if folder != "edged" else "edged"
 
 
+def _covered(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
 def _violations() -> set[tuple[str, str]]:
     bad: set[tuple[str, str]] = set()
     for folder, allowed in MAY_IMPORT.items():
         for py in sorted((REPO / folder).rglob("*.py")) if (REPO / folder).is_dir() else []:
-            for module in _imports_by_file(py, _package_of(py)):
-                if not any(module == p or module.startswith(p + ".") for p in (*allowed, *SHARED)):
+            package = _package_of(py)
+            wing = ".".join(package.split(".")[:3]) if folder == "daemon" else ""
+            for module in _imports_by_file(py, package):
+                outside = not _covered(module, (*allowed, *SHARED))
+                # a file of a wing of daemon/ importing another room of daemon/: the wing's row says which
+                across = (
+                    wing in WINGS and _covered(module, ("edged.daemon",)) and not _covered(module, (wing, *WINGS[wing]))
+                )
+                if outside or across:
                     bad.add((str(py.relative_to(REPO)), module))
     return bad
 
 
-def test_each_part_imports_only_what_design_allows() -> None:
+def test_the_table_has_a_row_for_every_part_and_every_wing() -> None:
+    """A part or a wing without a row would go unchecked: the page's table names each of them."""
+    assert {"edged", *(f"edged.{f}" for f in MAY_IMPORT)} == set(_parts()), sorted(MAY_IMPORT)
+    wings = {f"edged.daemon.{p.parent.name}" for p in (REPO / "daemon").glob("*/__init__.py")}
+    assert wings == set(WINGS), f"wings of daemon/ {sorted(wings)}, rows of the table {sorted(WINGS)}"
+    assert SHARED == ("edged.errors", "edged.progress", "edged.__version__"), SHARED
+    deeper = [key for key in _RULES if key.count(".") > 2]  # a sub-wing follows its wing's row
+    assert not deeper, f"rows for sub-wings, which nothing reads: {deeper}"
+
+
+def test_each_part_imports_only_what_the_architecture_page_allows() -> None:
     found = _violations()
     new = sorted(found - KNOWN_VIOLATIONS.keys())
     gone = sorted(KNOWN_VIOLATIONS.keys() - found)
-    assert not new, f"imports DESIGN.md §1 forbids (file, module): {new}"
+    assert not new, f"imports docs/architecture.md forbids (file, module): {new}"
     assert not gone, f"fixed, so delete them from KNOWN_VIOLATIONS: {gone}"
 
 
@@ -307,9 +320,9 @@ def test_protocol_imports_nothing_of_ours_but_errors_and_the_version() -> None:
 
 
 def test_operator_tools_import_no_device_runtime_module() -> None:
-    """`edged push` and `edged watch` speak edged.protocol, never edged.daemon (DESIGN §1). The one exception:
-    `edged watch --snapshot` draws boxes with the daemon's OpenCV drawing, imported only then."""
-    lazy_snapshot_drawing = {"edged.daemon.annotate"}
+    """`edged push` and `edged watch` speak edged.protocol, never edged.daemon (docs/architecture.md). The one
+    exception: `edged watch --snapshot` draws boxes with the daemon's OpenCV drawing, imported only then."""
+    lazy_snapshot_drawing = {"edged.daemon.scene.draw"}
     for py in (REPO / "deploy" / "push.py", REPO / "cli" / "watch.py"):
         daemon = {m for m in _all_imports(py) if m == "edged.daemon" or m.startswith("edged.daemon.")}
         assert daemon <= lazy_snapshot_drawing, f"{py.name} imports {daemon}"

@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edged.daemon.camera_config import MotionConfig
-from edged.daemon.capture import Camera, Throttle
+from edged.daemon.capture.camera import Camera, Throttle
+from edged.daemon.capture.motion import MotionGate
+from edged.daemon.capture.preprocess import Preprocessor
 from edged.daemon.config import CameraConfig, load_config
+from edged.daemon.config.cameras import MotionConfig
 from edged.daemon.inference import InferenceStats
 from edged.daemon.liveness import Liveness
-from edged.daemon.motion import MotionGate
-from edged.daemon.preprocess import Preprocessor
 from edged.errors import ConfigError
 from edged.models.demo import DemoAssets
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from edged.daemon.config import OtaConfig
-from edged.daemon.download import Downloader, PartFile
+from edged.daemon.lifecycle.ota.download import Downloader, PartFile
 from edged.deploy import certs
 from edged.errors import Code, EdgedError
 from edged.models.demo import DemoAssets

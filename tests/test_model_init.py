@@ -22,8 +22,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from edged.daemon.capture.preprocess import Preprocessor
 from edged.daemon.decoders import DecodeOptions, Detection, build_decoder
-from edged.daemon.preprocess import Preprocessor
 from edged.models.demo import _PIP, Artefact, DemoAssets, _ensure, default_dir
 from edged.models.init import InitOptions, init_package, read_metadata
 from edged.models.package import Package, verify_folder

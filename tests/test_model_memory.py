@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from edged.daemon.backends.onnxruntime import OnnxRuntimeBackend
-from edged.daemon.swap import estimate_mb
+from edged.daemon.lifecycle.manager import estimate_mb
 from edged.models.demo import DemoAssets
 from edged.models.footprint import activation_bytes
 from edged.models.package import write_package

@@ -12,8 +12,8 @@ import cv2
 import numpy as np
 import pytest
 
+from edged.daemon.capture.motion import MotionGate, small_grey
 from edged.daemon.config import MotionConfig
-from edged.daemon.motion import MotionGate, small_grey
 from edged.models.demo import DemoAssets
 
 from .conftest import base_config, wait_until, write_config

@@ -1,4 +1,4 @@
-"""The device's paho client (daemon/mqtt_client.py) against a real mosquitto: a plain success PUBACK is
+"""The device's paho client (daemon/delivery/client.py) against a real mosquitto: a plain success PUBACK is
 handed on without paho's per-PUBACK decoding, every other PUBACK (a refusal) as paho decodes it, paho's
 per-message debug lines are not formatted for `on_log` unless a logger is attached, and packets published
 by other threads are written by the network thread."""
@@ -14,7 +14,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edged.daemon.mqtt_client import _SUCCESS, DeviceClient
+from edged.daemon.delivery.client import _SUCCESS, DeviceClient
 
 from .conftest import Broker, wait_until
 

@@ -18,7 +18,7 @@ import pytest
 from edged.daemon.backends import OnnxRuntimeBackend
 from edged.daemon.backends.base import BatchSet, fixed_batches
 from edged.daemon.inference import warm_up
-from edged.daemon.swap import check_io, estimate_mb, golden_check
+from edged.daemon.lifecycle.manager import check_io, estimate_mb, golden_check
 from edged.errors import EngineLoadError, InferenceError, PackageError, SwapError
 from edged.models.demo import DemoAssets
 from edged.models.golden import load_input

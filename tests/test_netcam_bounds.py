@@ -18,9 +18,10 @@ import jsonschema
 import numpy as np
 import pytest
 
-from edged.daemon import gst, gstpipe
-from edged.daemon.framebound import MAX_FRAME_PIXELS, FrameBound, jpeg_size
-from edged.daemon.netcam import open_http
+from edged.daemon.capture import uri as gstpipe
+from edged.daemon.capture.framebound import MAX_FRAME_PIXELS, FrameBound, jpeg_size
+from edged.daemon.capture.gstreamer import pipeline as gst
+from edged.daemon.capture.netcam import open_http
 from edged.errors import CaptureError, ConfigError
 from edged.models.demo import DemoAssets
 from edged.protocol import TELEMETRY_SCHEMA, schema
@@ -148,8 +149,9 @@ needs_gst = pytest.mark.skipif(not gst.available(), reason=f"GStreamer unavailab
 
 HUGE_THROUGH_GST = """
 import resource, sys
-from edged.daemon import gst, gstpipe
-from edged.daemon.framebound import FrameBound
+from edged.daemon.capture import uri as gstpipe
+from edged.daemon.capture.framebound import FrameBound
+from edged.daemon.capture.gstreamer import pipeline as gst
 from edged.errors import CaptureError
 
 desc = f"filesrc location={sys.argv[1]} ! decodebin name=dec ! videoconvert ! video/x-raw,format=BGR"

@@ -25,7 +25,7 @@ import pytest
 from onnx import helper, numpy_helper
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edged.daemon.swap import SWAP_STEPS
+from edged.daemon.lifecycle.manager import SWAP_STEPS
 from edged.models.demo import DemoAssets
 from edged.models.package import pack_tar, verify_folder, write_package
 from edged.models.signing import SigningKey, generate_key, load_signing_key
@@ -584,7 +584,7 @@ def test_an_offer_does_not_outlive_its_pusher(
                            protocol=mqtt.MQTTv5)  # fmt: skip
         wait_until(lambda: sub.on("cmd/status/reply"), 30, "the status reply")
         assert not [m for m in sub.messages if "/_push/" in m.topic or m.topic.endswith("/ota/status")]
-        assert "edged.daemon.ota" not in d.output(), d.output()[-2000:]  # no transfer began
+        assert "edged.daemon.lifecycle.ota" not in d.output(), d.output()[-2000:]  # no transfer began
         assert d.stop() == 0
     finally:
         broker.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edged.daemon.preprocess import Preprocessor
+from edged.daemon.capture.preprocess import Preprocessor
 from edged.models.package import InputSpec
 
 

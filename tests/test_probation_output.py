@@ -10,7 +10,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from edged.daemon.inference import OutputFigures
-from edged.daemon.swap import output_verdict
+from edged.daemon.lifecycle.manager import output_verdict
 from edged.models.demo import DemoAssets
 from edged.models.signing import SigningKey
 

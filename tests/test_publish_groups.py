@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from edged.daemon.config import MqttConfig, SpoolConfig
-from edged.daemon.publish import Publisher
-from edged.daemon.spool import Spool
+from edged.daemon.delivery.publisher import Publisher
+from edged.daemon.delivery.spool import Spool
 
 from .conftest import free_port, wait_until
 

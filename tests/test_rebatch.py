@@ -12,9 +12,9 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from edged.daemon.admission import batches_check
 from edged.daemon.backends import OnnxRuntimeBackend
 from edged.daemon.backends.base import BatchSet
+from edged.daemon.lifecycle.admission import batches_check
 from edged.errors import Code, PackageError, SwapError
 from edged.models.batchcheck import Run, check_batches
 from edged.models.demo import DemoAssets

@@ -1,4 +1,4 @@
-"""The scene-cut detector (daemon/motion.py) on real pictures: the demo video's people moving are no cut,
+"""The scene-cut detector (daemon/capture/motion.py) on real pictures: the demo video's people moving are no cut,
 a change of scene between two people is one, and neither noise nor an exposure step counts."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from edged.daemon.motion import CUT_AREA, CutDetector, cut_share, thumbnail
+from edged.daemon.capture.motion import CUT_AREA, CutDetector, cut_share, thumbnail
 from edged.models.demo import DemoAssets
 
 from .test_track_breaks import two_faces, write_video

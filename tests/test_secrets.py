@@ -18,8 +18,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from edged.daemon.capture.redact import redact
 from edged.daemon.config import load_config
-from edged.daemon.redact import redact
 from edged.errors import ConfigError
 from edged.models.demo import DemoAssets
 

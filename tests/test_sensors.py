@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from edged.daemon.sensors import Sensors
+from edged.daemon.host.sensors import Sensors
 
 from . import sysfs_fixtures as fx
 from .conftest import edged_cli

@@ -17,14 +17,14 @@ import cv2
 import numpy as np
 import pytest
 
-from edged.daemon.camera_sources import BY_SCHEME, GST_SCHEMES, source_type
-from edged.daemon.capture import Camera
+from edged.daemon.capture.camera import Camera
+from edged.daemon.capture.framebound import FrameBound
+from edged.daemon.capture.preprocess import Preprocessor
+from edged.daemon.capture.probe import check_camera
+from edged.daemon.capture.registry import BY_SCHEME, GST_SCHEMES, source_type
+from edged.daemon.capture.sources import open_source
 from edged.daemon.config import CameraConfig
 from edged.daemon.doctor import camera_path
-from edged.daemon.framebound import FrameBound
-from edged.daemon.gstprobe import check_camera
-from edged.daemon.preprocess import Preprocessor
-from edged.daemon.sources import open_source
 from edged.errors import CaptureError
 from edged.models.demo import DemoAssets
 from edged.models.package import InputSpec

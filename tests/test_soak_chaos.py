@@ -12,7 +12,7 @@ The bounds, against the leak this guards (issue 26, on fb29df4: each GStreamer (
 (at each end of the served file and at the server's restart). Measured on a 2-core machine shared with
 other work (2026-12-02), this plan on this code, twice: fds +0 and +0, threads +0 and +0, RSS +19.1 and
 +20.7 MB (after warm-up 309.1 and 316.3, end 328.2 and 337.0); the same plan with fb29df4's GStreamer
-close put back into a copy of daemon/gst.py (the daemon run from that copy through $PYTHONPATH): fds +64
+close put back into a copy of capture/gstreamer/pipeline.py (the daemon run from that copy through $PYTHONPATH): fds +64
 (67 -> 131), RSS +70.8 MB, threads +0.5, and this test failed (on the fd bound, the first checked; the
 RSS bound fails too). The fd bound is the sharp one; the RSS bound leaves 19 MB over the highest measured
 growth, so a leak of about 1 MB or more per reopen fails it."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from edged.daemon.spool import Spool
+from edged.daemon.delivery.spool import Spool
 
 
 class Clock:

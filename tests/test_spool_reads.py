@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from edged.daemon.spool import INSERT_ROWS, Spool
+from edged.daemon.delivery.spool import INSERT_ROWS, Spool
 
 
 def _traced(spool: Spool) -> list[str]:

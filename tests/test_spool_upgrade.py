@@ -7,7 +7,7 @@ import contextlib
 import sqlite3
 from pathlib import Path
 
-from edged.daemon.spool import Spool, SpoolError
+from edged.daemon.delivery.spool import Spool, SpoolError
 
 from .test_faults_delivery import fill, tmpfs
 

@@ -416,7 +416,7 @@ def test_daemon_commits_a_version_after_its_probation(
 def test_model_verbs_leave_a_running_daemons_staging_alone(demo: DemoAssets, tmp_path: Path, keys) -> None:
     """`edged model list|install|rollback` recover the store only when no daemon holds the state directory's
     lock: a running daemon's staging/ may hold an over-the-air install in progress."""
-    from edged.daemon.startup import StateLock
+    from edged.daemon.host.startup import StateLock
 
     key, _ = keys
     cfg = device_config(tmp_path)

@@ -11,7 +11,7 @@ import pytest
 
 from edged.daemon.app import Daemon
 from edged.daemon.config import load_config
-from edged.daemon.swap import estimate_mb
+from edged.daemon.lifecycle.manager import estimate_mb
 from edged.errors import EngineLoadError
 from edged.models.demo import DemoAssets
 from edged.models.signing import SigningKey, TrustStore

@@ -1,4 +1,4 @@
-"""daemon/systemd.py's two paths against a real AF_UNIX datagram socket (what systemd's NOTIFY_SOCKET is):
+"""daemon/host/systemd.py's two paths against a real AF_UNIX datagram socket (what systemd's NOTIFY_SOCKET is):
 python-systemd (Debian's python3-systemd, linked into the venv by scripts/setup.sh as on a JetPack venv
 with system site-packages) where it is importable, and the builtin sd_notify with it hidden (a child
 process where `import systemd` fails). The whole daemon's READY/STATUS/WATCHDOG/STOPPING sequence is in
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from edged.daemon import systemd as sd
+from edged.daemon.host import systemd as sd
 
 
 def _has_python_systemd() -> bool:
@@ -81,7 +81,7 @@ def test_builtin_path_with_python_systemd_hidden(notify_sock: tuple[socket.socke
     sock, path = notify_sock
     code = (
         "import sys, json, logging; sys.modules['systemd'] = None\n"
-        "from edged.daemon import systemd as sd\n"
+        "from edged.daemon.host import systemd as sd\n"
         "sent = sd.notify('READY=1\\nSTATUS=builtin')\n"
         "dog = sd.Watchdog(); dog.tick(100.0, healthy=True)\n"
         "h = sd.log_handler({'JOURNAL_STREAM': '8:1'})\n"
@@ -117,7 +117,7 @@ def test_a_full_notify_socket_drops_messages_instead_of_stopping_the_daemon(
     hide = "sys.modules['systemd'] = None\n" if path == "builtin" else ""
     code = (
         f"import sys, json, time\n{hide}"
-        "from edged.daemon import systemd as sd\n"
+        "from edged.daemon.host import systemd as sd\n"
         "t = time.monotonic(); sent = [sd.notify(f'STATUS={i}') for i in range(200)]\n"
         "print(json.dumps([sd.notify_backend(), sent.count(True), sent.count(False), time.monotonic() - t]))\n"
     )

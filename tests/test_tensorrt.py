@@ -132,7 +132,7 @@ def test_multi_batch_engine_package_runs_each_batch(demo: DemoAssets, tmp_path: 
 
     from edged.daemon.backends.base import BatchSet
     from edged.daemon.config import load_config
-    from edged.daemon.loader import open_package_backend
+    from edged.daemon.lifecycle.loader import open_package_backend
     from edged.models.rebatch import rebatch
 
     src = demo.packages["blazeface-back"]

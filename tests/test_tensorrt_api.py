@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from edged.daemon.backends.trt_api import CALIBRATOR_DEPRECATED_FROM, TRT_API
+from edged.daemon.backends.tensorrt.api import CALIBRATOR_DEPRECATED_FROM, TRT_API
 from edged.models.demo import DemoAssets
 from tests.conftest import REPO
 
@@ -246,6 +246,8 @@ def used_names(path: Path) -> set[str]:
 
 def test_every_tensorrt_name_the_code_uses_is_declared() -> None:
     declared = set(TRT_API["required"]) | set(TRT_API["optional"])
-    used = set().union(*(used_names(BACKEND / f) for f in ("tensorrt.py", "trt_build.py", "trt_api.py")))
+    used = set().union(
+        *(used_names(BACKEND / f) for f in ("tensorrt/__init__.py", "tensorrt/build.py", "tensorrt/api.py"))
+    )
     assert "IExecutionContext.execute_async_v3" in used and "BuilderFlag.FP16" in used  # the scan sees them
     assert sorted(used - declared) == []

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from edged.daemon.backends.cuda_api import Pycuda
 from edged.daemon.backends.tensorrt import TensorRTBackend
-from edged.daemon.backends.trt_api import BuilderOptions, TrtApi, TrtModules
-from edged.daemon.backends.trt_build import build_engine
+from edged.daemon.backends.tensorrt.api import BuilderOptions, TrtApi, TrtModules
+from edged.daemon.backends.tensorrt.build import build_engine
+from edged.daemon.backends.tensorrt.cuda import Pycuda
 from edged.errors import BackendError, EngineLoadError, IncompatibleEngine
 from edged.models.compat import DeviceFacts, dla_cores, mismatches
 from edged.models.demo import DemoAssets

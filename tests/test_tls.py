@@ -18,8 +18,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edged.daemon.config import MqttConfig, SpoolConfig, TlsConfig
-from edged.daemon.publish import Publisher
-from edged.daemon.spool import Spool
+from edged.daemon.delivery.publisher import Publisher
+from edged.daemon.delivery.spool import Spool
 from edged.deploy import certs
 from edged.models.demo import DemoAssets
 
@@ -173,7 +173,7 @@ def test_bad_certificates_fail_clearly_with_bounded_backoff(
     print(f"\n{case}: {failures} attempts in {elapsed:.1f} s: {error}")
     # full jitter, waits drawn from [0, 1], [0, 2], [0, 4] … s: no tight loop (see test_delivery)
     assert connects == 0 and 3 <= failures <= 10, (failures, error)
-    logged = [r.getMessage() for r in caplog.records if r.name == "edged.daemon.publish"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "edged.daemon.delivery.publisher"]
     # the broker's alert names the reason; when TLS 1.3 loses it in the close, the hint does
     server_side = case in ("expired", "revoked", "rogue")
     assert any(

@@ -18,11 +18,11 @@ import jsonschema
 import numpy as np
 import pytest
 
-from edged.daemon import gst
-from edged.daemon.capture import Camera, FrameMeta, open_source
+from edged.daemon.capture.camera import Camera, FrameMeta, open_source
+from edged.daemon.capture.gstreamer import pipeline as gst
+from edged.daemon.capture.preprocess import Preprocessor
+from edged.daemon.capture.sources import Source
 from edged.daemon.config import CameraConfig
-from edged.daemon.preprocess import Preprocessor
-from edged.daemon.sources import Source
 from edged.models.demo import DemoAssets
 from edged.models.demo_video import FACES
 from edged.models.package import InputSpec

@@ -12,14 +12,14 @@ import numpy as np
 import pydantic
 import pytest
 
-from edged.daemon.capture import SEGMENT_REASONS, TAKEN_KEPT, Camera, FrameMeta
+from edged.daemon.capture.camera import SEGMENT_REASONS, TAKEN_KEPT, Camera, FrameMeta
+from edged.daemon.capture.preprocess import Preprocessor, Transform
 from edged.daemon.config import CameraConfig, CameraDetectionConfig, DetectionConfig, TrackingConfig, ZoneConfig
 from edged.daemon.decoders import Detection
-from edged.daemon.events import Scene, Scenes, decode_options
 from edged.daemon.inference import Result
-from edged.daemon.preprocess import Preprocessor, Transform
-from edged.daemon.tracker import Tracker
-from edged.daemon.zones import Polygons, anchor_point, inside
+from edged.daemon.scene.scenes import Scene, Scenes, decode_options
+from edged.daemon.scene.tracker import Tracker
+from edged.daemon.scene.zones import Polygons, anchor_point, inside
 from edged.protocol import EVENT_SCHEMA, schema
 from edged.protocol.schemas import OBJECT_END_REASONS
 

@@ -8,7 +8,7 @@ import ctypes
 
 import pytest
 
-from edged.daemon.sensors import rss_mb, trim_heap
+from edged.daemon.host.sensors import rss_mb, trim_heap
 
 
 def test_freed_heap_stays_resident_until_trimmed() -> None:

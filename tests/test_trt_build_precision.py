@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from edged.daemon import loader
 from edged.daemon.config import load_config
+from edged.daemon.lifecycle import loader
 from edged.errors import BackendError
 from edged.models.demo import DemoAssets
 from edged.models.package import open_package

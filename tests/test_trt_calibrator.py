@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edged.daemon.backends.trt_build import build_engine
+from edged.daemon.backends.tensorrt.build import build_engine
 from edged.errors import BackendError
 from edged.models.demo import DemoAssets
 from tests.trt_standin import tensorrt as standin_trt
@@ -50,7 +50,7 @@ def test_a_float_model_calibrates_under_warnings_as_errors(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setenv("TRT_STANDIN_VERSION", version)
-    with caplog.at_level(logging.WARNING, logger="edged.daemon.backends.trt_api"):
+    with caplog.at_level(logging.WARNING, logger="edged.daemon.backends.tensorrt.api"):
         assert calibrate(demo, tmp_path) == "int8"
     assert building[-1]["calibration"] == "2 batches"  # TensorRT got the calibrator and ran every batch
     assert standin_trt.BuilderFlag.INT8 in building[-1]["flags"]

@@ -24,11 +24,12 @@ import onnx
 import pytest
 
 from edged.cli import main as cli_main
-from edged.daemon import backends, loader
+from edged.daemon import backends
 from edged.daemon.backends.base import BatchSet, fixed_batches
 from edged.daemon.backends.tensorrt import TensorRTBackend
 from edged.daemon.config import load_config
-from edged.daemon.swap import check_io, estimate_mb
+from edged.daemon.lifecycle import loader
+from edged.daemon.lifecycle.manager import check_io, estimate_mb
 from edged.errors import EngineLoadError, QuantizeError
 from edged.models import compat
 from edged.models.compat import DeviceFacts

@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
+from edged.daemon.capture.preprocess import Preprocessor, Transform
 from edged.daemon.decoders import DecodeOptions, build_decoder
-from edged.daemon.preprocess import Preprocessor, Transform
 from edged.errors import DecoderError
 from edged.models.package import DecoderSpec, InputSpec
 

@@ -17,16 +17,16 @@ from typing import Any
 trt: Any = importlib.import_module("tensorrt_bindings")
 sys.modules["tensorrt"] = trt  # what `import tensorrt` gives once the metapackage is installed
 
-from edged.daemon.backends.cuda_api import Pycuda  # noqa: E402
 from edged.daemon.backends.tensorrt import TensorRTBackend  # noqa: E402
-from edged.daemon.backends.trt_api import TRT_API, TrtApi, TrtModules  # noqa: E402
-from edged.daemon.backends.trt_build import (  # noqa: E402
+from edged.daemon.backends.tensorrt.api import TRT_API, TrtApi, TrtModules  # noqa: E402
+from edged.daemon.backends.tensorrt.build import (  # noqa: E402
     _entropy_calibrator,
     _progress_monitor,
     build_engine,
     cached_engines,
     make_logger,
 )
+from edged.daemon.backends.tensorrt.cuda import Pycuda  # noqa: E402
 from edged.errors import EdgedError  # noqa: E402
 from tests.trt_standin.pycuda import driver  # noqa: E402  (CUDA itself "starts"; TensorRT cannot)
 

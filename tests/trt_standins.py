@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import pytest
 
-from edged.daemon import loader
+from edged.daemon.lifecycle import loader
 from tests.trt_standin import cuda as standin_cuda_ns
 from tests.trt_standin import tensorrt as standin_trt
 from tests.trt_standin.cuda import bindings as standin_bindings

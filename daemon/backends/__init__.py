@@ -1,4 +1,4 @@
-"""Inference backends behind one interface (DESIGN.md §3), in the shape of Polygraphy's runners.
+"""Inference backends behind one interface (docs/architecture.md), in the shape of Polygraphy's runners.
 
 A backend is opened on a model file, reports its I/O spec and memory footprint, runs
 ``infer({input_name: batch}) -> {output_name: array}``, and is closed (``close()`` frees what it
@@ -7,11 +7,11 @@ backend, and a missing one is reported with its reason.
 
     base.py         the Backend protocol, TensorInfo
     onnxruntime.py  ONNX Runtime (CPU; CUDA / TensorRT execution providers where installed)
-    tensorrt.py     TensorRT engines (tensorrt and the CUDA binding imported inside); every CUDA call on the
-                    engine's own thread
-    cuda_api.py     the CUDA driver calls behind one adapter: cuda-python (preferred), else pycuda
-    trt_build.py    the TensorRT engine builder (`edged build-engine`, model.build_on_device)
-    trt_api.py      the one TensorRT version adapter (8.6 to 11.x) and the translation of native failures
+    tensorrt/       TensorRT engines: the backend (``__init__.py``: tensorrt and the CUDA binding imported
+                    inside, every CUDA call on the engine's own thread), ``api.py`` (the one TensorRT version
+                    adapter, 8.6 to 11.x, and the translation of native failures), ``build.py`` (the engine
+                    builder: `edged build-engine`, model.build_on_device), ``cuda.py`` (the CUDA driver calls
+                    behind one adapter: cuda-python, else pycuda)
 
 ``open_backend`` picks one for a model file; ``tensorrt_unavailable_reason`` says why TensorRT cannot
 run here.

@@ -12,7 +12,7 @@ from types import TracebackType
 
 import numpy as np
 
-from edged.daemon.extras import missing_message
+from edged.daemon.host.extras import missing_message
 from edged.errors import BackendError, EngineLoadError, InferenceError
 from edged.models.footprint import working_bytes
 

@@ -12,7 +12,7 @@ import numpy as np
 from edged.errors import DecoderError
 from edged.models.package import DecoderSpec, InputSpec
 
-from ..preprocess import Transform
+from ..capture.preprocess import Transform
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Detection:
     class_id: int
     score: float
     box: tuple[float, float, float, float]  # x1, y1, x2, y2 in source pixels
-    track_id: int | None = None  # the camera's tracker (daemon/events.py), once the track is confirmed
+    track_id: int | None = None  # the camera's tracker (daemon/scene/scenes.py), once the track is confirmed
     zones: tuple[str, ...] = ()  # the camera's zones the box's anchor point is in
 
     def to_json(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import numpy as np
 from edged.errors import DecoderError
 from edged.models.package import DecoderSpec, InputSpec
 
-from ..preprocess import Transform
+from ..capture.preprocess import Transform
 from .base import DecodeOptions, Detection, detections, nms, sigmoid
 
 

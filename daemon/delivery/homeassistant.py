@@ -1,0 +1,299 @@
+"""Home Assistant MQTT discovery: the device appears in Home Assistant as one device with, per camera, a
+sensor per label (objects in view) and a sensor of the last object event.
+
+    decode thread ──Result──> HomeAssistant.observe ──(counts or last event changed)──> …/ha/<camera>
+    main loop ──tick()──> at every connect (and a model swap): discovery configs, then every camera's state
+
+- Discovery configs (retained, QoS 1) go to ``<discovery_prefix>/sensor/<device_id>/<unique_id>/config``
+  (topics.ha_discovery; the node id level lets a broker ACL keep each device to its own), shaped as Home
+  Assistant documents them (protocol/schemas/homeassistant_sensor.schema.json cites the pages). Each
+  names the device (one ``device`` block, the same identifiers everywhere), its state topic and, for
+  availability, the device's retained ``…/status`` (``online``; ``stopped`` and the ``offline`` last will
+  make the entities unavailable).
+- A camera's state, ``…/ha/<camera>`` (retained, QoS 1, ``edged.ha_state/1``), is published when its counts
+  or its last event change, never per frame. With tracking on (the default) a count is the camera's
+  confirmed tracks of that label: the occupancy the object events give (appeared +1, ended -1), whatever
+  the camera's ``publish`` setting; without tracking it is the detections of the latest frame.
+- What this daemon has published is listed in ``<state_dir>/homeassistant.json``: a camera or label that
+  is gone (a new config, a model with other labels, discovery turned off) has its retained topics cleared
+  (an empty retained payload removes the entity from Home Assistant).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from edged import __version__
+from edged.protocol import topics
+from edged.protocol.schemas import HA_STATE_SCHEMA, dumps, iso
+
+from ..config import CameraConfig, Config
+from ..inference import Result
+from ..scene.scenes import Scenes
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "homeassistant.json"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")  # what a discovery topic's object id may not hold
+
+
+class Outlet(Protocol):
+    """What discovery needs of the MQTT session (the Publisher)."""
+
+    connected: bool
+    connects: int
+
+    def publish_direct(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> bool: ...
+
+
+def object_id(*parts: str) -> str:
+    """A unique_id (and the discovery topic's object id): only ``[A-Za-z0-9_-]``, as Home Assistant asks."""
+    return _UNSAFE.sub("_", "_".join(parts))
+
+
+def camera_labels(cfg: Config, camera: CameraConfig, model_labels: Sequence[str]) -> list[str]:
+    """The labels a camera gets a count sensor for: homeassistant.labels, else the camera's own labels,
+    else detection.labels, else the model's."""
+    if cfg.homeassistant.labels is not None:
+        return list(cfg.homeassistant.labels)
+    own = camera.detection.labels if camera.detection is not None else None
+    if own is not None:
+        return list(own)
+    return list(cfg.detection.labels or model_labels)
+
+
+def tracking(camera: CameraConfig) -> bool:
+    return camera.detection is None or camera.detection.tracking.enabled
+
+
+def discovery_configs(cfg: Config, model_labels: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Every entity's discovery config, by discovery topic."""
+    ha, dev = cfg.homeassistant, cfg.device_id
+    root = f"{cfg.mqtt.topic_prefix}/{dev}"
+    node = object_id(dev)
+    common: dict[str, Any] = {
+        "availability_topic": topics.status(root),
+        "availability_template": "{{ 'online' if value_json.state == 'online' else 'offline' }}",
+        "payload_available": "online",
+        "payload_not_available": "offline",
+        "device": {
+            "identifiers": [object_id("edged", dev)],
+            "name": ha.name or dev,
+            "manufacturer": "edged",
+            "model": "edged inference daemon",
+            "sw_version": __version__,
+        },
+        "origin": {"name": "edged", "sw_version": __version__},
+        "qos": 1,
+    }
+    out: dict[str, dict[str, Any]] = {}
+    for cam in cfg.cameras:
+        state = topics.ha_state(root, cam.name)
+        for label in camera_labels(cfg, cam, model_labels):
+            uid = object_id("edged", dev, cam.name, label, "count")
+            key = label.replace("\\", "\\\\").replace("'", "\\'")
+            out[topics.ha_discovery(ha.discovery_prefix, "sensor", node, uid)] = {
+                "name": f"{cam.name} {label} count",
+                "unique_id": uid,
+                "state_topic": state,
+                "value_template": f"{{{{ value_json.counts['{key}'] | default(0) }}}}",
+                "state_class": "measurement",
+                "icon": "mdi:eye",
+                **common,
+            }
+        if tracking(cam):
+            uid = object_id("edged", dev, cam.name, "last_event")
+            out[topics.ha_discovery(ha.discovery_prefix, "sensor", node, uid)] = {
+                "name": f"{cam.name} last event",
+                "unique_id": uid,
+                "state_topic": state,
+                "value_template": "{{ value_json.last_event.type if value_json.last_event else 'none' }}",
+                "json_attributes_topic": state,
+                "json_attributes_template": "{{ (value_json.last_event or {}) | tojson }}",
+                "icon": "mdi:motion-sensor",
+                **common,
+            }
+    return out
+
+
+class _Camera:
+    """One camera's state document and what its last frame's tracks were (decode thread)."""
+
+    def __init__(self, name: str, labels: list[str]) -> None:
+        self.name = name
+        self.labels = labels
+        self.counts = dict.fromkeys(labels, 0)
+        self.last_event: dict[str, Any] | None = None
+        self.tracks: dict[int, tuple[str, tuple[str, ...]]] = {}  # confirmed track id -> (label, zones)
+
+    def doc(self) -> dict[str, Any]:
+        return {
+            "schema": HA_STATE_SCHEMA,
+            "camera": self.name,
+            "counts": dict(self.counts),
+            "last_event": self.last_event,
+        }
+
+
+class HomeAssistant:
+    """Discovery configs and per-camera states. `observe` runs on the decode thread, `tick` on the main
+    loop; both publish under one lock."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        scenes: Scenes,
+        out: Outlet,
+        model_labels: Callable[[], tuple[str, list[str]]],
+    ) -> None:
+        """`model_labels`: () -> (the serving package's ref, its labels); a swap to other labels re-announces."""
+        self.cfg = cfg
+        self.enabled = cfg.homeassistant.enabled
+        self.scenes = scenes
+        self.out = out
+        self.model_labels = model_labels
+        self.root = f"{cfg.mqtt.topic_prefix}/{cfg.device_id}"
+        self.state_file = cfg.state_dir / STATE_FILE
+        self._lock = threading.Lock()
+        self._cameras: dict[str, _Camera] = {}
+        self._synced: tuple[int, str] | None = None  # (connects, model ref) the retained topics were sent for
+        self.states_published = 0
+        self._build(model_labels()[1])
+
+    @staticmethod
+    def needed(cfg: Config) -> bool:
+        """Enabled, or topics of an earlier run to clear (discovery was turned off)."""
+        return cfg.homeassistant.enabled or (cfg.state_dir / STATE_FILE).exists()
+
+    def _build(self, labels: list[str]) -> None:
+        if not self.enabled:
+            return
+        old = self._cameras
+        self._cameras = {}
+        for cam in self.cfg.cameras:
+            c = _Camera(cam.name, camera_labels(self.cfg, cam, labels))
+            if cam.name in old:
+                c.last_event, c.tracks = old[cam.name].last_event, old[cam.name].tracks
+            self._cameras[cam.name] = c
+
+    # --- the decode thread ---------------------------------------------------------------------
+    def observe(self, r: Result) -> None:
+        """After the camera's Scene has run on `r`: publish its state if a count or the last event changed."""
+        cam = self._cameras.get(r.camera)
+        if cam is None:
+            return
+        scene = self.scenes.scenes.get(r.camera)
+        tracker = scene.tracker if scene is not None else None
+        event: dict[str, Any] | None = None
+        if tracker is not None:
+            now = {t.id: (t.label, tuple(t.extra.get("zones", ()))) for t in tracker.tracks if t.confirmed and t.id > 0}
+            event = self._events(cam, now, iso(r.meta.captured_at))
+            cam.tracks = now
+            seen = Counter(label for label, _ in now.values())
+        else:
+            seen = Counter(d.label for d in r.detections)
+        counts = {label: seen.get(label, 0) for label in cam.labels}
+        if counts == cam.counts and event is None:
+            return
+        with self._lock:
+            cam.counts = counts
+            if event is not None:
+                cam.last_event = event
+            if self._synced is not None and self.out.connected:
+                self._publish_state(cam)
+
+    @staticmethod
+    def _events(cam: _Camera, now: dict[int, tuple[str, tuple[str, ...]]], ts: str) -> dict[str, Any] | None:
+        """The last of this frame's object events (the same transitions …/events reports), if any."""
+        last: dict[str, Any] | None = None
+        for tid, (label, zones) in now.items():
+            before = cam.tracks.get(tid)
+            if before is None:
+                last = {"type": "object_appeared", "label": label, "track_id": tid, "ts": ts}
+            was = before[1] if before is not None else ()
+            for z in zones:
+                if z not in was:
+                    last = {"type": "object_entered", "label": label, "track_id": tid, "zone": z, "ts": ts}
+            for z in was:
+                if z not in zones:
+                    last = {"type": "object_left", "label": label, "track_id": tid, "zone": z, "ts": ts}
+        for tid, (label, _) in cam.tracks.items():
+            if tid not in now:
+                last = {"type": "object_ended", "label": label, "track_id": tid, "ts": ts}
+        return last
+
+    # --- the main loop -------------------------------------------------------------------------
+    def tick(self) -> None:
+        """At a new connection, or when the serving model changed: every discovery config and state again."""
+        if not self.out.connected:
+            return
+        ref, labels = self.model_labels()
+        with self._lock:
+            if self._synced == (self.out.connects, ref):
+                return
+            if self._synced is not None and self._synced[1] != ref:
+                self._build(labels)
+            self._sync(labels)
+            self._synced = (self.out.connects, ref)
+
+    def _sync(self, labels: list[str]) -> None:
+        configs = discovery_configs(self.cfg, labels) if self.enabled else {}
+        ours = set(configs) | {topics.ha_state(self.root, c) for c in self._cameras}
+        unsent: set[str] = set()
+        for topic in sorted(self._published() - ours):  # gone: an empty retained payload removes it
+            if self.out.publish_direct(topic, b"", qos=1, retain=True):
+                logger.info("home assistant: removed %s", topic)
+            else:
+                unsent.add(topic)  # cleared at the next connect
+        for topic, doc in configs.items():
+            self.out.publish_direct(topic, dumps(doc), qos=1, retain=True)
+        for cam in self._cameras.values():
+            self._publish_state(cam)
+        self._remember(ours | unsent)
+        if self.enabled:
+            logger.info(
+                "home assistant: %d discovery configs under %s/sensor/",
+                len(configs),
+                self.cfg.homeassistant.discovery_prefix,
+            )
+
+    def _publish_state(self, cam: _Camera) -> None:
+        if self.out.publish_direct(topics.ha_state(self.root, cam.name), dumps(cam.doc()), qos=1, retain=True):
+            self.states_published += 1
+
+    def _published(self) -> set[str]:
+        try:
+            doc = json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            return set()
+        except (OSError, ValueError) as exc:
+            logger.warning("home assistant: %s unreadable (%s); earlier topics are not cleared", self.state_file, exc)
+            return set()
+        return {t for t in doc.get("topics", []) if isinstance(t, str)} if isinstance(doc, dict) else set()
+
+    def _remember(self, ours: set[str]) -> None:
+        try:
+            if not ours:
+                self.state_file.unlink(missing_ok=True)
+                return
+            tmp = self.state_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"topics": sorted(ours)}, indent=1))
+            tmp.replace(self.state_file)
+        except OSError as exc:
+            logger.warning("home assistant: cannot write %s (%s)", self.state_file, exc)
+
+
+def read_published(state_dir: Path) -> list[str]:
+    """The retained topics a daemon left for Home Assistant (tests, `edged doctor`)."""
+    try:
+        doc = json.loads((state_dir / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return list(doc.get("topics", [])) if isinstance(doc, dict) else []
