@@ -342,7 +342,7 @@ def test_an_events_crop_is_cut_from_the_frame_its_box_was_found_in() -> None:
         _, events, _ = scenes.process(r)
         crop = cv2.imdecode(np.frombuffer(base64.b64decode(events[0]["snapshot"]["data"]), np.uint8), 1)
         newest = cam.last_frame
-        assert newest is not None and int(newest[0, 0, 0]) != level(meta.seq)
+        assert crop is not None and newest is not None and int(newest[0, 0, 0]) != level(meta.seq)
         assert abs(float(crop.mean()) - level(meta.seq)) < 2, (crop.mean(), level(meta.seq), newest[0, 0, 0])
         later = [take(cam, cond) for _ in range(TAKEN_KEPT)]
         assert cam.frame_for(meta.seq) is None and cam.frame_for(later[-1].seq) is not None
