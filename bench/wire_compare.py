@@ -48,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from wire_normalise import CROP_REASON, METRIC_VARYING, VARYING, normalise_metrics, normalise_payload
+from wire_normalise import METRIC_VARYING, VARYING, normalise_metrics, normalise_payload
 from wire_record import CAMERA, COMMANDS, DEVICE, IDLE, Message, Recording, record
 
 _KIND_RULES = [
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         f"old: {args.old} ({old.version})",
         f"new: {args.new} ({new.version})",
         f"commands sent: {len(COMMANDS)}, verbs {sent} (nope: an unknown one; the list: wire_record.COMMANDS)",
-        f"normalised keys: {', '.join(VARYING)}; an event crop's base64 (its size kept)",
+        f"normalised keys: {', '.join(VARYING)}",
         "",
     ]
     for title, rows in sections:
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             "old": {"python": args.old, "version": old.version, "exit": old.exit_code, "seconds": old.seconds},
             "new": {"python": args.new, "version": new.version, "exit": new.exit_code, "seconds": new.seconds},
             "sections": {t: [r.__dict__ for r in rows] for t, rows in sections},
-            "normalised_keys": {**VARYING, "snapshot.data": CROP_REASON},
+            "normalised_keys": VARYING,
             "normalised_metrics": METRIC_VARYING,
             "identical": bad == 0,
         }

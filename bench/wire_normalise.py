@@ -9,7 +9,6 @@ Runtime on the CPU with one thread, so boxes, scores, track ids, zones and event
 
 from __future__ import annotations
 
-import base64
 import re
 
 # key name -> why its value differs between two runs of the same code
@@ -42,12 +41,8 @@ VARYING: dict[str, str] = {
     "inflight": "QoS 1 messages not yet acknowledged at that instant (the same race)",
 }
 
-# An object event's crop ("snapshot": {"format": "jpeg", "data": <base64>}) is cut from the camera's newest
-# frame when the result is handled (app.py hands Scenes `Camera.last_frame`), and a file camera with
-# realtime: false has often read the next frame by then: which frame is a race, so the crop's pixels differ
-# between runs of the same code. Its format, size (from the box) and place in the event stay exact: the
-# base64 is replaced by "<jpeg WxH>", read from the JPEG's own header.
-CROP_REASON = "an event's crop comes from the camera's newest frame at that instant (a race): its size is kept"
+# An object event's crop is compared byte for byte: it is cut from the frame its box was found in
+# (Camera.frame_for). Before that fix it came from the camera's newest frame, a race this script found.
 
 # /metrics sample names whose values are measurements (the name, its labels and HELP/TYPE stay exact)
 METRIC_VARYING: dict[str, str] = {
@@ -64,35 +59,9 @@ _KEYS = re.compile(r'(?<!\\)("(?:' + "|".join(map(re.escape, VARYING)) + r')"\s*
 _METRIC = re.compile(r"^((?:" + "|".join(METRIC_VARYING) + r")(?:\{[^}]*\})?) \S+$", re.MULTILINE)
 
 
-_CROP = re.compile(r'("snapshot"\s*:\s*\{\s*"format"\s*:\s*"jpeg"\s*,\s*"data"\s*:\s*)"([A-Za-z0-9+/=]*)"')
-
-
-def jpeg_size(data: bytes) -> str:
-    """ "WxH" from a JPEG's start-of-frame marker, or "not a JPEG"."""
-    if data[:2] != b"\xff\xd8":
-        return "not a JPEG"
-    i = 2
-    while i + 9 < len(data) and data[i] == 0xFF:
-        marker, length = data[i + 1], int.from_bytes(data[i + 2 : i + 4], "big")
-        if marker in (0xC0, 0xC1, 0xC2):
-            h, w = int.from_bytes(data[i + 5 : i + 7], "big"), int.from_bytes(data[i + 7 : i + 9], "big")
-            return f"{w}x{h}"
-        i += 2 + length
-    return "a JPEG without a frame header"
-
-
-def _crop(m: re.Match[str]) -> str:
-    try:
-        size = jpeg_size(base64.b64decode(m.group(2), validate=True))
-    except ValueError:
-        size = "not base64"
-    return f'{m.group(1)}"<jpeg {size}>"'
-
-
 def normalise_json(text: str) -> str:
-    """`text` (a JSON document) with the value of every VARYING key replaced by "<varies>" and an event's crop
-    by its size."""
-    return _CROP.sub(_crop, _KEYS.sub(lambda m: m.group(1) + PLACEHOLDER, text))
+    """`text` (a JSON document) with the value of every VARYING key replaced by "<varies>"."""
+    return _KEYS.sub(lambda m: m.group(1) + PLACEHOLDER, text)
 
 
 def normalise_metrics(text: str) -> str:
