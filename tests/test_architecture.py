@@ -29,8 +29,9 @@ WING_MAY_READ_UP = {"edged.daemon.inference"}
 # Arrows between wings that close a loop of wings, each with what removes it. No other loop may appear, and
 # the test fails when one listed here is gone (then delete its line).
 WING_LOOPS: dict[tuple[str, str], str] = {
-    ("config", "capture"): "config/cameras.py reads capture/framebound.py's MAX_FRAME_PIXELS (and the registry's "
-    "URI forms) while capture/ reads the camera config; gone when those limits live in config/",
+    ("config", "capture"): "config/cameras.py checks URIs by the source registry (capture/registry.py: schemes, "
+    "forms, hosts) and reads capture/framebound.py's MAX_FRAME_PIXELS, while capture/ reads the camera config; "
+    "no module loop (the registry names CameraConfig for types only); gone if the URI rules move into config/",
     ("config", "scene"): "config/cameras.py reads scene/zones.py's MAX_CAMERA_POINTS and polygon_problem while "
     "scene/ reads the zone config; gone when the polygon check lives in config/",
 }

@@ -9,9 +9,7 @@ import sys
 
 import pytest
 
-from edged.daemon.capture import registry as camera_sources
-from edged.daemon.capture import sources
-from edged.daemon.capture import uri as gstpipe
+from edged.daemon.capture import registry, sources
 from edged.daemon.capture.probe import check_camera
 from edged.daemon.capture.registry import BY_SCHEME, GST_SCHEMES, NETWORK_SCHEMES, SCHEMES, SOURCE_TYPES, source_type
 from edged.daemon.config import CameraConfig
@@ -35,9 +33,8 @@ def test_every_opener_resolves_to_a_function_of_its_module() -> None:
     """The first types open through sources.py (OpenCV imported there, not at config load): each name a row
     gives must be a function there, or that type could not open at all."""
     for row in SOURCE_TYPES:
-        name = row.open.__name__
-        target = getattr(sources, name, None) if row.open.__module__ == camera_sources.__name__ else row.open
-        assert callable(target), f"{row.name}: opener {name} not found"
+        target = getattr(sources, row.open, None) if isinstance(row.open, str) else row.open
+        assert callable(target), f"{row.name}: opener {row.open} not found in sources.py"
 
 
 def test_the_config_loader_and_the_registry_load_no_opencv() -> None:
@@ -76,9 +73,9 @@ def test_no_scheme_chains_left_in_the_modules_that_read_the_table() -> None:
 def test_plans_open_paths_and_doctor_lines_come_from_the_rows(tmp_path) -> None:
     video = tmp_path / "v.mp4"
     video.write_bytes(b"")  # there (check-config looks, it does not open)
-    assert gstpipe.plan(f"file://{video}", set(), 200, "auto", 5.0).description.startswith("filesrc name=src")
+    assert registry.plan(f"file://{video}", set(), 200, "auto", 5.0).description.startswith("filesrc name=src")
     with pytest.raises(CaptureError, match=r"no GStreamer pipeline for http://"):
-        gstpipe.plan("http://cam/video.mjpg", set(), 200, "auto", 5.0)
+        registry.plan("http://cam/video.mjpg", set(), 200, "auto", 5.0)
     mjpeg = CameraConfig.model_validate({"name": "m", "uri": "http://cam.local/video.mjpg"})
     assert source_type(mjpeg.uri) is BY_SCHEME["http"]
     assert check_camera(mjpeg) == "edged"

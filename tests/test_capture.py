@@ -305,7 +305,8 @@ def test_mjpeg_parts_without_a_length_and_a_new_size_mid_stream(rig) -> None:
 
 def test_uri_rules_and_the_pipelines_they_make() -> None:
     """URI parsing shared by both paths, and the GStreamer pipeline text (no GStreamer needed)."""
-    from edged.daemon.capture.uri import csi_options, file_path, plan, v4l2_options
+    from edged.daemon.capture.registry import plan
+    from edged.daemon.capture.uri import csi_options, file_path, v4l2_options
 
     assert file_path("file://localhost/srv/a%20b.mp4") == Path("/srv/a b.mp4")
     assert file_path("file:///srv/c%23d.mp4") == Path("/srv/c#d.mp4")

@@ -18,6 +18,7 @@ import jsonschema
 import numpy as np
 import pytest
 
+from edged.daemon.capture import registry
 from edged.daemon.capture import uri as gstpipe
 from edged.daemon.capture.framebound import MAX_FRAME_PIXELS, FrameBound, jpeg_size
 from edged.daemon.capture.gstreamer import pipeline as gst
@@ -149,6 +150,7 @@ needs_gst = pytest.mark.skipif(not gst.available(), reason=f"GStreamer unavailab
 
 HUGE_THROUGH_GST = """
 import resource, sys
+from edged.daemon.capture import registry
 from edged.daemon.capture import uri as gstpipe
 from edged.daemon.capture.framebound import FrameBound
 from edged.daemon.capture.gstreamer import pipeline as gst
@@ -191,7 +193,7 @@ def test_gstreamer_counts_each_parsed_frame_over_the_bound(demo: DemoAssets) -> 
     """The demo video (960 x 540, H.264 through h264parse) against a bound below its size: every frame is
     dropped before the decoder and counted one by one; the open fails saying why."""
     bound = FrameBound("door", 960 * 540 - 1)
-    p = gstpipe.plan(f"file://{demo.video}", gst.have(), 200, "auto", 5.0)
+    p = registry.plan(f"file://{demo.video}", gst.have(), 200, "auto", 5.0)
     with pytest.raises(CaptureError, match="over max_frame_pixels 518399"):
         gst.GstSource(p, 5.0, None, threading.Event(), "door", bound=bound)
     assert bound.refused > 10  # the file's frames, each refused (it has hundreds; the read may end earlier)

@@ -8,7 +8,9 @@ A source that fails is reopened with backoff; a camera that is down never holds 
 
     camera.py       the camera thread: open, read, preprocess into latest-frame-wins slots, reconnect
     registry.py     the source types, one row per scheme family; the scheme sets derive from it
-    sources.py      a URI opened as a `Source` off GStreamer (OpenCV, edged's readers, synthetic)
+    source.py       what a source is: `Source`, `Opening` (what an opener gets), `with_password`
+    sources.py      a URI opened as a `Source`: the path (GStreamer or the row's opener), and the first
+                    types' openers (OpenCV, edged's MJPEG reader, synthetic)
     snapshot.py     snapshot+http(s):// cameras: a JPEG polled at ``fps_max``
     netcam.py       network cameras that cannot hold each other up: MJPEG read here, servers answered
                     before FFmpeg opens them

@@ -14,9 +14,8 @@ from edged.errors import CaptureError
 
 from ..config import CameraConfig
 from .gstreamer import pipeline as gst
-from .registry import source_type
+from .registry import plan, source_type
 from .sources import NO_GST, _has_gstreamer, open_source
-from .uri import plan
 
 PROBE_FRAMES = 10
 PROBE_S = 2.0

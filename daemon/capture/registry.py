@@ -19,58 +19,33 @@ daemon asks about (``SCHEMES``, ``GST_SCHEMES``, ``NETWORK_SCHEMES``) are derive
 
 This module is light (no OpenCV, no GStreamer): the config loader imports it. A new type is one module,
 light at import the same way (OpenCV imported inside its functions), and one row here naming its
-opener. The first types open through ``sources``, which imports OpenCV at its top, so their rows reach
-it through a lazy import (``_opencv``).
+opener. The first types open through ``sources``, which imports OpenCV at its top: their rows name their
+openers there (``"open_file"``), and ``sources.open_source`` resolves the name; nothing here imports it.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
-from urllib.parse import quote, urlsplit, urlunsplit
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from edged.errors import CaptureError
 
 from . import uri as gstpipe
 from .redact import redact, scrub
 from .snapshot import open_snapshot
+from .source import Opening, Source
 from .uri import Plan
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from ..config.cameras import CameraConfig
-    from .framebound import FrameBound
-
-
-class Source(Protocol):
-    fps: float  # the source's own rate, 0 when unknown
-    # set when the last frame read was scaled (in a GStreamer pipeline) from a source of this (w, h)
-    scaled_from: tuple[int, int] | None
-
-    def read(self) -> np.ndarray | None:
-        """Next frame (BGR), or None at the end of a file or when the source failed."""
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Opening:
-    """What an opener gets besides the camera: `bound` (its max_frame_pixels, counting what it refuses),
-    `stop` (set when the daemon stops: a source that waits waits on it), `spec_size` (the size a source of
-    (w, h) is scaled to for the model, for a GStreamer pipeline that scales), `uri` (a network source's URI
-    with the password from password_file in it: `with_password`, read at each open)."""
-
-    bound: FrameBound
-    stop: threading.Event | None = None
-    spec_size: Callable[[int, int], tuple[int, int]] | None = None
-    uri: str | None = None
 
 
 Opener = Callable[["CameraConfig", Opening], Source]
+# an opener, or the name of one in ``sources`` (the first types: OpenCV is imported there, not at config load)
+OpenerRef = Opener | str
 Planner = Callable[[str, set[str], int, str, float], Plan]
 Check = Callable[["CameraConfig"], None]
 
@@ -80,7 +55,7 @@ class SourceType:
     name: str
     schemes: tuple[str, ...]
     form: str  # how `cameras[].uri`'s description (and so the config reference) spells it
-    open: Opener  # off GStreamer: OpenCV or edged's own reader; raises CaptureError with the reason
+    open: OpenerRef  # off GStreamer: OpenCV or edged's own reader; raises CaptureError with the reason
     plan: Planner | None = None  # the GStreamer pipeline; None: never on the GStreamer path
     network: bool = False  # a host is required (checked at load); password_file may give the password
     local: Check | None = None  # what check-config can check without opening (the file, the device)
@@ -89,19 +64,6 @@ class SourceType:
     gst_elements: tuple[str, ...] = ()  # GStreamer elements it cannot do without (doctor says which is missing)
     own_pipeline: bool = False  # the URI is the pipeline (gst://): parsed by check-config
     path: str = "OpenCV/FFmpeg (software decode)"  # what doctor says of its capture path off GStreamer
-
-
-def _opencv(name: str) -> Opener:
-    """An opener of ``sources`` (which imports OpenCV), imported at the first open, not at config load."""
-
-    def open_(cam: CameraConfig, opening: Opening) -> Source:
-        from . import sources
-
-        opener: Opener = getattr(sources, name)
-        return opener(cam, opening)
-
-    open_.__name__ = name
-    return open_
 
 
 def _file_there(cam: CameraConfig) -> None:
@@ -126,7 +88,7 @@ SOURCE_TYPES: tuple[SourceType, ...] = (
         "file",
         ("file",),
         "file:///path (or file://localhost/path, percent-encoded)",
-        _opencv("open_file"),
+        "open_file",
         gstpipe.plan_file,
         local=_file_there,
         before_open=_file_at_open,
@@ -135,16 +97,16 @@ SOURCE_TYPES: tuple[SourceType, ...] = (
         "v4l2",
         ("v4l2",),
         "v4l2:///dev/videoN or v4l2://N (?width=&height=&fps=&format=MJPG|YUYV|NV12|UYVY)",
-        _opencv("open_v4l2"),
+        "open_v4l2",
         gstpipe.plan_v4l2,
         local=_device_there,
     ),
-    SourceType("rtsp", ("rtsp", "rtsps"), "rtsp(s)://", _opencv("open_rtsp"), gstpipe.plan_rtsp, network=True),
+    SourceType("rtsp", ("rtsp", "rtsps"), "rtsp(s)://", "open_rtsp", gstpipe.plan_rtsp, network=True),
     SourceType(
         "http",
         ("http", "https"),
         "http(s)://",
-        _opencv("open_http"),
+        "open_http",
         network=True,
         path="edged's MJPEG reader, else OpenCV/FFmpeg",
     ),
@@ -152,7 +114,7 @@ SOURCE_TYPES: tuple[SourceType, ...] = (
         "csi",
         ("csi",),
         "csi://N (?width=&height=&fps=&sensor_mode=)",
-        _opencv("open_csi"),
+        "open_csi",
         gstpipe.plan_csi,
         needs_gst=True,
         gst_elements=("nvarguscamerasrc",),
@@ -161,12 +123,12 @@ SOURCE_TYPES: tuple[SourceType, ...] = (
         "gst",
         ("gst",),
         "gst://<pipeline ending in appsink>",
-        _opencv("open_gst_pipeline"),
+        "open_gst_pipeline",
         gstpipe.plan_gst,
         needs_gst=True,
         own_pipeline=True,
     ),
-    SourceType("synthetic", ("synthetic",), "synthetic://", _opencv("open_synthetic"), path="synthetic frames"),
+    SourceType("synthetic", ("synthetic",), "synthetic://", "open_synthetic", path="synthetic frames"),
     SourceType(
         "snapshot",
         ("snapshot+http", "snapshot+https"),
@@ -196,6 +158,16 @@ def source_type(uri: str) -> SourceType:
     return found
 
 
+def plan(uri: str, have: set[str], latency_ms: int, transport: str, timeout_s: float) -> Plan:
+    """The GStreamer pipeline for `uri`, by its source type's row. `have`: which of the optional elements
+    (nvvidconv, nvarguscamerasrc) this machine has. `uri` may carry a password: it only goes into `props`."""
+    scheme = scheme_of(uri)
+    row = BY_SCHEME.get(scheme)
+    if row is None or row.plan is None:
+        raise CaptureError(f"{redact(uri)}: no GStreamer pipeline for {scheme}://")
+    return row.plan(uri, have, latency_ms, transport, timeout_s)
+
+
 def check_uri(uri: str) -> None:
     """The config's check of `cameras[].uri` (ValueError, no credentials in it): a known scheme, and a
     host for a network source."""
@@ -210,19 +182,3 @@ def check_uri(uri: str) -> None:
             raise ValueError(f"{redact(uri)}: not a URI with a host: {scrub(str(exc))}") from exc
         if not host:
             raise ValueError(f"{redact(uri)}: no host ({scheme}://[USER@]HOST[:PORT]/PATH)")
-
-
-def with_password(cam: CameraConfig) -> str:
-    """The URI to open: with `password_file`, the file's first line goes in as the password, here and
-    only here (so the YAML holds no secret, and a rotated credential is read at the next reopen)."""
-    if cam.password_file is None:
-        return cam.uri
-    try:
-        lines = cam.password_file.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise CaptureError(f"{cam.display}: password_file: cannot read {cam.password_file}: {exc.strerror}") from exc
-    if not lines or not lines[0]:
-        raise CaptureError(f"{cam.display}: password_file {cam.password_file} is empty")
-    parts = urlsplit(cam.uri)
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    return urlunsplit(parts._replace(netloc=f"{userinfo}:{quote(lines[0], safe='')}@{hostport}"))

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from ..config.cameras import CameraConfig
     from .framebound import FrameBound
-    from .registry import Opening
+    from .source import Opening
 
 MAX_SNAPSHOT_BYTES = 32 << 20  # as an MJPEG part: larger is not a camera's JPEG
 _CHUNK = 1 << 16

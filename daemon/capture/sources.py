@@ -29,7 +29,8 @@ from .gstreamer.why import Tls
 from .netcam import open_http as open_mjpeg
 from .netcam import probe_rtsp
 from .redact import redact
-from .registry import Opening, Source, source_type, with_password
+from .registry import source_type
+from .source import Opening, Source, with_password
 from .uri import csi_options, file_path, v4l2_options
 
 __all__ = ["NO_GST", "OpenCvSource", "Source", "SyntheticSource", "open_source", "tls_warnings"]
@@ -145,7 +146,8 @@ def open_source(
             bound,
         )
     # network sources get the URI with password_file's password, read here at each open
-    return row.open(cam, Opening(bound, stop, spec_size, with_password(cam) if row.network else None))
+    opener = row.open if callable(row.open) else globals()[row.open]  # the first types' openers are here
+    return opener(cam, Opening(bound, stop, spec_size, with_password(cam) if row.network else None))
 
 
 # --- the openers of the first source types (the registry's rows name them) --------------------------------

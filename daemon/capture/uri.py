@@ -190,16 +190,3 @@ def plan_gst(uri: str, have: set[str], latency_ms: int, transport: str, timeout_
     if "appsink" not in text:
         raise CaptureError(f"{redact(uri)}: a gst:// pipeline must end in an appsink")
     return Plan(text, {}, True, False, False)
-
-
-def plan(uri: str, have: set[str], latency_ms: int, transport: str, timeout_s: float) -> Plan:
-    """The pipeline for `uri`, by its source type's row (``registry``). `have`: which of the optional
-    elements (nvvidconv, nvarguscamerasrc) this machine has. `uri` may carry a password: it only goes into
-    `props`."""
-    from .registry import BY_SCHEME  # the table names the plan_* above: imported when a plan is made
-
-    scheme = uri.split("://", 1)[0]
-    row = BY_SCHEME.get(scheme)
-    if row is None or row.plan is None:
-        raise CaptureError(f"{redact(uri)}: no GStreamer pipeline for {scheme}://")
-    return row.plan(uri, have, latency_ms, transport, timeout_s)

@@ -38,8 +38,8 @@ from ...config import CameraConfig
 from ..framebound import FrameBound
 from ..netcam import tls_refusal
 from ..redact import scrub
-from ..registry import GST_SCHEMES  # what the GStreamer path opens: the registry's rows with a plan
-from ..uri import Plan, plan
+from ..registry import GST_SCHEMES, plan  # GST_SCHEMES: the rows with a plan, what the GStreamer path opens
+from ..uri import Plan
 from .why import Tls, connect_reason, describe_certificate_errors, explain
 
 logger = logging.getLogger(__name__)
