@@ -50,7 +50,7 @@ def test_waits_are_bounded_jittered_and_reset() -> None:
         Backoff(2, 1)
 
 
-_CONNECTED = re.compile(r"^(\S+ \S+) INFO +edged\.daemon\.publish: mqtt: connected to", re.M)
+_CONNECTED = re.compile(r"^(\S+ \S+) INFO +edged\.daemon\.delivery\.publisher: mqtt: connected to", re.M)
 
 
 def _connect_times(log: str) -> list[float]:

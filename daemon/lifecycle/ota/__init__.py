@@ -94,7 +94,7 @@ CANCEL_STOP_S = 5.0  # what a cancel waits for the transfer thread, on top of a 
 
 
 class Installer(Protocol):
-    """Who takes a downloaded package: the model manager (daemon.swap.ModelManager)."""
+    """Who takes a downloaded package: the model manager (lifecycle.manager.ModelManager)."""
 
     def install_staged(self, pkg: Package, transfer: str | None = None) -> dict[str, Any]:
         """Swap the staged package in, on probation; raises when refused (and reports that itself)."""

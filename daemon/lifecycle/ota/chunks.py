@@ -1,5 +1,5 @@
 """A package file in chunks over MQTT, the device's side of OTA's default path (DESIGN §6); the
-receiver (`daemon.ota`) hands each file here unless the offer named its URLs (`daemon.download`).
+receiver (`lifecycle.ota`) hands each file here unless the offer named its URLs (`ota.download`).
 
     device ── ota/req {transfer, file, offset, length} ──> pusher       (a window of chunk requests)
     pusher ── ota/data [2-byte header length][header JSON][bytes] ──> device
@@ -54,7 +54,7 @@ DROP_LOG_EVERY_S = 60.0  # at most one log line a minute about chunks dropped on
 
 
 class OtaLink(Protocol):
-    """Where the receiver talks: the device's MQTT session (daemon.publish.Publisher)."""
+    """Where the receiver talks: the device's MQTT session (delivery.publisher.Publisher)."""
 
     def topic(self, suffix: str) -> str: ...
 
