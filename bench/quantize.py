@@ -24,7 +24,7 @@ from pathlib import Path
 
 from edged.daemon.backends import OnnxRuntimeBackend
 from edged.models.demo import fetch_demo
-from edged.models.demo_document import make_document_video
+from edged.models.demo.documents import make_document_video
 from edged.models.package import Package, verify_folder
 from edged.quantize.frames import read_frames
 from edged.quantize.int8 import calibration_batches

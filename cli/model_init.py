@@ -25,7 +25,7 @@ def add_parsers(msub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--out", type=Path, help="package folder to write (default ./NAME)")
     p.add_argument("--name", help="package name (default: the file's stem)")
     p.add_argument("--version", type=int, default=1, help="package version (default 1)")
-    # edged.models.detect.DECODERS, written out: the parser loads no part (tests/test_layout.py);
+    # edged.models.init.recognise.DECODERS, written out: the parser loads no part (tests/test_layout.py);
     # tests/test_decoder_names.py holds this help to that list
     p.add_argument("--decoder", help="yolov8, yolov5, yolox, efficient_nms, picodet, ssd_anchors or classify")
     p.add_argument(

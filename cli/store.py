@@ -100,7 +100,7 @@ def _verify(args: argparse.Namespace) -> int:
     from edged.cli.model_init import check_model
     from edged.models.compat import detect
     from edged.models.package import open_package
-    from edged.models.storefiles import read_head
+    from edged.models.store.files import read_head
 
     cfg, store = _open_store(args.config)
     trust = _trust(cfg)

@@ -1,14 +1,13 @@
 """Wiring: config in, components built, threads started, ordered shutdown.
 
     camera threads ──(latest-frame slots)──> inference thread ──(bounded queue)──> publisher thread
-    main thread: signals, telemetry every `telemetry.interval_s`, the run's duration, shutdown
+    main thread: the watchdog, probation, telemetry every `telemetry.interval_s`, the run's duration,
+    shutdown (signals are taken by host/startup.py's `Signals`, installed before the config is read)
 
-The rooms it wires: the model a start serves (loader.py), the command verbs (control.py, over the
-channel in commands.py), telemetry and the status line (telemetry.py), swaps and probation (swap.py). The
-surfaces (telemetry.py, control.py, health.py) read the running parts as one object, `Parts` (parts.py).
-
-Shutdown order: stop the cameras, let the inference thread finish its batch, publish what is
-queued (bounded wait), announce ``stopped``, disconnect, close the backend.
+The rooms it wires: the model a start serves (lifecycle/loader.py), the command verbs (control.py, over the
+channel in delivery/commands.py), telemetry and the status line (telemetry.py), swaps and probation
+(lifecycle/manager.py). The surfaces (telemetry.py, control.py, health.py) read the running parts as one
+object, `Parts` (parts.py). Threads and the shutdown order: docs/architecture.md, "Threads".
 """
 
 from __future__ import annotations

@@ -201,7 +201,7 @@ class Camera:
 
 
 def camera_path(cam: CameraConfig) -> Camera:
-    """The path the daemon opens `cam` on: gst.use_gstreamer decides, as in sources.open_source. Not checked:
+    """The path the daemon opens `cam` on: use_gstreamer decides, as in sources.open_source. Not checked:
     whether the file, device or server is there now (`edged check-config --probe-cameras` opens it)."""
     from edged.errors import CaptureError
 

@@ -11,7 +11,7 @@ batch has beyond them is padding: run (the engine's batch is fixed) but never de
 The inference thread owns the backend (and, on a GPU, its context); at most one gathered batch
 waits for it (two buffers: one being run, one being filled).
 
-A model swap (swap.py) hands the loop a new `ActiveModel` with `flip()`; the loop takes it between two
+A model swap (lifecycle/manager.py) hands the loop a new `ActiveModel` with `flip()`; the loop takes it between two
 batches, so every batch, and every result, belongs to exactly one model version. `flip(None)` holds
 the loop (no batch runs) until the next flip: the stop-the-world swap, when two models do not fit.
 """

@@ -35,7 +35,7 @@ from typing import TextIO
 
 from edged.errors import Code, EdgedError
 from edged.models.package import Manifest, open_package
-from edged.models.storefiles import fsync_dir
+from edged.models.store.files import fsync_dir
 
 LAYOUT = "sha256"  # the folder (and URL path) under the mirror's root
 HEAD_TIMEOUT_S = 15.0

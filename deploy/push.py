@@ -19,7 +19,7 @@ the transfer back and serves it itself. Another package offered meanwhile is ref
 A group (``--group G``) is the devices whose retained ``…/status`` lists G among its groups. Which
 devices get the offer when (``--canary N``, ``--waves``), when the rest is abandoned (``--max-failures``),
 what devices that were offline get (the group's retained offer) and how a stopped push resumes: a push
-is a rollout, deploy/rollout.py (its pusher, `RolloutPusher` in deploy/rollout_pusher.py, extends this one).
+is a rollout, deploy/rollout/__init__.py (its pusher, `RolloutPusher` in deploy/rollout/pusher.py, extends this one).
 
 ``edged push --cancel --device ID`` (`edged.deploy.cancel`) stops the transfer a device runs (chunks or
 HTTP(S)), which drops its files and publishes ``cancelled``; a push following it ends with that outcome.
@@ -51,7 +51,7 @@ from paho.mqtt.properties import Properties
 
 from edged.errors import PublishError
 from edged.models.package import Manifest, open_package
-from edged.models.storefiles import read_head
+from edged.models.store.files import read_head
 from edged.protocol import topics
 from edged.protocol.client import MqttSettings, make_client, reconnect_backoff
 from edged.protocol.ota import OtaState, chunk, offer_args, offer_payload

@@ -21,7 +21,7 @@
     ├── CertError                   certificates could not be made (deploy/certs.py)
     ├── BundleError                 a deploy bundle could not be built or installed (deploy/bundle.py)
     └── RolloutError                a rollout's state cannot be used: another package's, aborted, unreadable
-                                    (deploy/rollout_state.py)
+                                    (deploy/rollout/state.py)
 
 Two more live here but outside `EdgedError`, because callers tell them apart from it:
 

@@ -1,4 +1,4 @@
-"""Every MQTT topic edged uses, one builder each (DESIGN §4, §6).
+"""Every MQTT topic edged uses: the table `TOPICS`, and one builder each (docs/architecture.md, "Contracts").
 
 A device's topics live under its root, ``<topic_prefix>/<device_id>`` (default ``edged/<device_id>``); a
 fleet's beside the devices' roots, under levels no device may take as its id (``_…``). `TOPICS` is the

@@ -1,4 +1,4 @@
-"""Decoder names have one source, ``edged.models.detect.DECODERS``: the daemon's registry has one row per
+"""Decoder names have one source, ``edged.models.init.recognise.DECODERS``: the daemon's registry has one row per
 name and no other, and ``edged model init --decoder`` offers the same names (issue 28)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 
 from edged.cli import build_parser
 from edged.daemon.decoders import DECODERS as REGISTRY
-from edged.models.detect import DECODERS, PREPROCESS, PREPROCESS_WHY
+from edged.models.init.recognise import DECODERS, PREPROCESS, PREPROCESS_WHY
 
 
 def test_the_registry_has_one_row_per_decoder_name() -> None:

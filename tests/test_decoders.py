@@ -15,7 +15,7 @@ from edged.daemon.capture.preprocess import Preprocessor
 from edged.daemon.decoders import DecodeOptions, build_decoder
 from edged.errors import DecoderError
 from edged.models.demo import DemoAssets
-from edged.models.demo_video import FACES
+from edged.models.demo.video import FACES
 from edged.models.package import DecoderSpec, InputSpec
 
 Rows = Mapping[int, Sequence[tuple[int, float, Sequence[float]]]]

@@ -16,7 +16,7 @@ from edged.daemon.capture.preprocess import Preprocessor
 from edged.daemon.decoders import DecodeOptions, Detection, build_decoder
 from edged.errors import DecoderError
 from edged.models.demo import DemoAssets
-from edged.models.demo_document import render_page
+from edged.models.demo.documents import render_page
 from edged.models.package import DecoderSpec, InputSpec
 
 from .test_decoders import constant_model

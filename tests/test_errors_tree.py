@@ -146,7 +146,8 @@ def test_the_moved_errors_stay_importable_where_they_were() -> None:
     from edged.daemon.backends.tensorrt import cuda as cuda_api
     from edged.daemon.delivery import spool
     from edged.daemon.delivery.spool import file as spool_file
-    from edged.deploy import bundle, certs, rollout, rollout_state
+    from edged.deploy import bundle, certs, rollout
+    from edged.deploy.rollout import state as rollout_state
     from edged.models import compat
 
     assert spool.SpoolError is spool_file.SpoolError is errors.SpoolError

@@ -324,7 +324,7 @@ def test_init_reads_ultralytics_metadata_and_a_yolov8_head(tmp_path: Path) -> No
 def test_decoder_detected_from_output_shapes(
     shapes: dict[str, tuple[int, ...]], ultralytics: bool, decoder: str, params: dict[str, Any], classes: int | None
 ) -> None:
-    from edged.models.detect import detect
+    from edged.models.init.recognise import detect
 
     found = detect(shapes, 640, 640, ultralytics)
     assert (found.decoder, found.params, found.classes) == (decoder, params, classes), found.why
@@ -332,7 +332,7 @@ def test_decoder_detected_from_output_shapes(
 
 def test_unrecognised_outputs_ask_for_a_decoder() -> None:
     from edged.errors import PackageError
-    from edged.models.detect import detect
+    from edged.models.init.recognise import detect
 
     with pytest.raises(PackageError, match=r"no decoder recognises these outputs out \[1, 7, 7\] for a 640x640"):
         detect({"out": (1, 7, 7)}, 640, 640, False)

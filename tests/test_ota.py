@@ -402,7 +402,7 @@ def test_fleet_push_to_n_daemons_and_a_canary_that_rolls_back(
     # version 3 is correct but several times slower: the canary's probation rolls it back; nobody else gets it
     slow = slow_variant(demo.packages[MODEL].model_path, tmp_path / "slow.onnx", matmuls=14)
     r = push(broker, build(demo, tmp_path, signer, 3, model=slow), "--group", "fleet", "--canary", "1")
-    assert r.returncode == 3, r.stderr  # the rollout aborted (deploy/rollout.py)
+    assert r.returncode == 3, r.stderr  # the rollout aborted (deploy/rollout/__init__.py)
     assert "rolled_back" in r.stderr and "latency regression" in r.stderr, r.stderr
     assert r.stderr.count("skipped") >= n - 1 and f"0 of {n} device(s) succeeded" in r.stderr, r.stderr
     wait_until(lambda: active(ids[0]) == 2, 30, "the canary back on version 2")

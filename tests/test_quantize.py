@@ -263,7 +263,7 @@ def test_picodet_int8_passes_its_gate_and_runs_in_the_daemon(
     demo: DemoAssets, tmp_path: Path, broker, subscribe, start_daemon
 ) -> None:
     """Calibrated on pages the evaluation never sees (pages 6-13), judged on the demo document video."""
-    from edged.models.demo_document import make_document_video
+    from edged.models.demo.documents import make_document_video
 
     calib = tmp_path / "pages.mp4"
     make_document_video(demo.root / "raw", calib, calib.with_suffix(".json"), pages=8, first_page=5)

@@ -350,7 +350,7 @@ def test_a_group_offer_older_than_the_device_runs_is_refused_once(
 ) -> None:
     """A retained group offer of v2 to a device on v3: refused (older_version) on its ota/status, and not
     taken again when the device connects again (a restart)."""
-    from edged.models.storefiles import read_head
+    from edged.models.store.files import read_head
     from edged.protocol.ota import group_offer_payload, offer_args
 
     cfgs = fleet(broker, demo, tmp_path, signer, ["cam-01"], version=3)
@@ -440,7 +440,7 @@ def test_the_pusher_forgets_the_chunks_paho_dropped_at_a_reconnect_and_sends_aga
     bounded sender must not count them for good (it would stop sending, and every device would stall)."""
     from edged.daemon.config import MqttConfig
     from edged.deploy.push import Device
-    from edged.deploy.rollout_pusher import RolloutPusher
+    from edged.deploy.rollout.pusher import RolloutPusher
 
     pkg = build(demo, tmp_path, signer, 2)
     p = RolloutPusher(MqttConfig(host=broker.host, port=broker.port), pkg, max_out_bytes=1 << 20)
@@ -477,7 +477,7 @@ def test_a_group_offer_the_broker_refuses_is_reported_not_taken_for_published(
 
     from edged.daemon.config import MqttConfig
     from edged.deploy.rollout import _publish_group_offer
-    from edged.deploy.rollout_pusher import RolloutPusher
+    from edged.deploy.rollout.pusher import RolloutPusher
 
     acl = tmp_path / "acl"
     acl.write_text("topic readwrite edged/_push/#\n")

@@ -24,7 +24,7 @@ from edged.daemon.capture.preprocess import Preprocessor
 from edged.daemon.capture.sources import Source
 from edged.daemon.config import CameraConfig
 from edged.models.demo import DemoAssets
-from edged.models.demo_video import FACES
+from edged.models.demo.video import FACES
 from edged.models.package import InputSpec
 from edged.protocol import EVENT_SCHEMA, schema
 

@@ -24,5 +24,5 @@ A source that fails is reopened with backoff; a camera that is down never holds 
     gstreamer/      the GStreamer capture path (PyGObject, appsink; hardware decode and scaling on Jetson)
 
 Nothing here imports GStreamer at import time, and the modules the config loader reads (``uri``,
-``framebound``, ``registry``, ``redact``) import no OpenCV either.
+``framebound``, ``registry``, ``source``, ``snapshot``, ``redact``) import no OpenCV either.
 """

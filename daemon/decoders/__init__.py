@@ -15,7 +15,7 @@ model's outputs once (``check``), then turns each batch's outputs into detection
 | classify       | classifiers [B, C]: softmax / sigmoid top-k                           |
 
 A new decoder is one file here and one row in `DECODERS`; its name also goes into
-``edged.models.detect.DECODERS`` (the one list of names, which ``edged model init`` reads and the models side
+``edged.models.init.recognise.DECODERS`` (the one list of names, which ``edged model init`` reads and the models side
 may import), and tests/test_decoder_names.py fails until both agree.
 """
 

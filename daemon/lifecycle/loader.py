@@ -36,7 +36,7 @@ from edged.errors import (
 )
 from edged.models.package import Package, open_package
 from edged.models.store import Store
-from edged.models.storefiles import crash_at_env_step
+from edged.models.store.files import crash_at_env_step
 
 from ..backends import Backend, open_backend, tensorrt_unavailable_reason
 from ..backends.base import BatchSet

@@ -35,7 +35,7 @@ from typing import Any
 from edged.errors import Code, EdgedError, SwapError
 from edged.models.package import Package
 from edged.models.store import Store
-from edged.models.storefiles import crash_at_env_step
+from edged.models.store.files import crash_at_env_step
 from edged.protocol.ota import ModelRef
 from edged.protocol.schemas import MODEL_STATE_SCHEMA
 

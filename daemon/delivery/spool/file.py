@@ -1,6 +1,6 @@
 """The spool's file and its storage faults: opening, WAL settings, the reserve, quarantine, re-creation.
 
-`Spool` (spool.py) is the message side; this is the file under it. One connection, owned by the
+`Spool` (spool/__init__.py) is the message side; this is the file under it. One connection, owned by the
 publisher thread.
 
 Faults, each raised as a `SpoolError` (the caller retries with backoff) or handled here:

@@ -1,7 +1,7 @@
 """Over-the-air model transfer, the device's side (DESIGN §6): the receiver, which takes an offer, runs
 one transfer at a time on its own thread, and hands the verified package to the model manager. MQTT
-carries all of it (the files in chunks: `daemon.chunks`), or the offer over MQTT and the files over
-HTTP(S) from a web server when the offer names their ``urls`` (`daemon.download`: Range resume, a
+carries all of it (the files in chunks: `ota.chunks`), or the offer over MQTT and the files over
+HTTP(S) from a web server when the offer names their ``urls`` (`ota.download`: Range resume, a
 bandwidth cap, TLS always verified, jittered retries).
 
     pusher ── cmd/ota {transfer, manifest, sig} ──> device: every manifest check first (store.check_offer)
@@ -12,7 +12,7 @@ bandwidth cap, TLS always verified, jittered retries).
 (The framing, the offer's format and the states are the wire contract's: `edged.protocol.ota`.)
 
 Progress (bytes fsynced per file) is kept under ``<state_dir>/ota/<manifest sha256[:16]>/``
-(`daemon.transfer`; the files themselves in its ``package/``) and survives a broker outage (the chunk
+(`ota.transfer`; the files themselves in its ``package/``) and survives a broker outage (the chunk
 path asks again, jittered) and a daemon restart (the transfer resumes at start, from the persisted
 offsets, after checking the offer again).
 
@@ -61,7 +61,7 @@ from edged.models.compat import detect
 from edged.models.package import Package
 from edged.models.signing import TrustStore
 from edged.models.store import Store
-from edged.models.storefiles import fsync_dir, write_atomic
+from edged.models.store.files import fsync_dir, write_atomic
 from edged.protocol import topics
 from edged.protocol.ota import (
     MAX_OFFER_BYTES,

@@ -12,7 +12,7 @@ network thread, against the requests in flight (transfer, file, offset, length):
 asked for (junk with no transfer running, a stale or duplicate answer) is dropped there and counted,
 so it is never held; what waits for the transfer thread is bounded in bytes. Chunks are written in
 order through a `PartFile` (hashed as they are written) and the progress is recorded every
-`PROGRESS_EVERY` bytes (`daemon.transfer`). A broker outage is survived: requests are asked again after
+`PROGRESS_EVERY` bytes (`ota.transfer`). A broker outage is survived: requests are asked again after
 `ota.retry_s` of silence plus a full-jitter backoff up to `MAX_REASK_S`, so devices that lost the broker
 together do not all ask again at once.
 

@@ -28,7 +28,7 @@ from paho.mqtt.client import MQTTMessage
 from pydantic import ValidationError
 
 from edged.errors import EdgedError
-from edged.models.storefiles import write_atomic
+from edged.models.store.files import write_atomic
 from edged.protocol.ota import MAX_OFFER_BYTES, GroupOffer, OfferArgs
 
 logger = logging.getLogger(__name__)

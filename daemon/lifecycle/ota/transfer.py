@@ -1,5 +1,5 @@
 """One offered package's download, as a restart finds it (DESIGN §6): the state both of OTA's paths
-(chunks over MQTT, `daemon.chunks`; files over HTTP(S), `daemon.download`) write through.
+(chunks over MQTT, `ota.chunks`; files over HTTP(S), `ota.download`) write through.
 
     <state_dir>/ota/<manifest sha256[:16]>/offer.json      the offer as accepted (a join rewrites it)
     <state_dir>/ota/<manifest sha256[:16]>/progress.json   file name -> bytes fsynced
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from edged.errors import PackageError
 from edged.models.store import Offer
-from edged.models.storefiles import write_atomic
+from edged.models.store.files import write_atomic
 from edged.protocol.ota import ModelRef
 
 from .download import PartFile

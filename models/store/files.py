@@ -11,8 +11,8 @@ from typing import Any
 
 from edged.errors import Code, PackageError, StateDirError
 
-from .package import MANIFEST, MAX_MANIFEST_BYTES, Manifest, check_members, tar_members
-from .signing import SIG_FILE
+from ..package import MANIFEST, MAX_MANIFEST_BYTES, Manifest, check_members, tar_members
+from ..signing import SIG_FILE
 
 # Crash-test seam: EDGEDTEST_CRASH_AT=<step> SIGKILLs the process when the store reaches <step> (the
 # default `on_step`); tests in-process pass their own `on_step`.

@@ -175,8 +175,8 @@ Progress = Callable[[str], None]
 
 def fetch_demo(root: Path | None = None, batch: int = DEFAULT_BATCH, progress: Progress | None = None) -> DemoAssets:
     """Fetch (or find cached), verify and prepare every demo asset. Idempotent."""
-    from edged.models.demo_document import make_document_video  # cv2 only where videos are made
-    from edged.models.demo_video import make_demo_video
+    from edged.models.demo.documents import make_document_video  # cv2 only where videos are made
+    from edged.models.demo.video import make_demo_video
 
     say = progress or (lambda msg: logger.info("%s", msg))
     root = (root or default_dir()).expanduser()

@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .storefiles import write_atomic
+from .files import write_atomic
 
 STATE = "state.json"
 STATE_BACKUP = "state.json.bak"  # the same bytes, written just before state.json (see write_state)

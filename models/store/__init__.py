@@ -16,10 +16,10 @@ they were written (an OTA download): nothing is copied, ``activate()`` renames i
 ``state.json`` and restores it from ``state.json.bak`` (else rebuilds it from what is on disk), and
 points a dangling ``current`` at ``previous``. So after a crash at any step exactly one of old / new is ``current``.
 
-An offered package is verified (`models.offer`: every check that needs only its manifest and
+An offered package is verified (`store.offer`: every check that needs only its manifest and
 signature, in DESIGN §5's order) before anything is copied; its files' sizes and hashes last. The
-record of each model, ``state.json`` and its backup, is `models.storestate`'s; the file helpers are
-`models.storefiles`'.
+record of each model, ``state.json`` and its backup, is `store.state`'s; the file helpers are
+`store.files`'.
 """
 
 from __future__ import annotations
@@ -35,19 +35,12 @@ from typing import Literal
 
 from edged.errors import Code, PackageError
 
-from .compat import DeviceFacts, detect
+from ..compat import DeviceFacts, detect
+from ..package import MANIFEST, Package, _with_labels_file, verify_folder
+from ..signing import SIG_FILE, TrustStore
+from .files import copy_files, crash_at_env_step, fsync_dir, link_atomic, read_head, write_atomic
 from .offer import MAX_FILE_BYTES, Offer, admit, check_offer
-from .package import MANIFEST, Package, _with_labels_file, verify_folder
-from .signing import SIG_FILE, TrustStore
-from .storefiles import (
-    copy_files,
-    crash_at_env_step,
-    fsync_dir,
-    link_atomic,
-    read_head,
-    write_atomic,
-)
-from .storestate import STATE, STATE_BACKUP, ModelState, read_state, rebuilt_state, write_state
+from .state import STATE, STATE_BACKUP, ModelState, read_state, rebuilt_state, write_state
 
 __all__ = [
     "INSTALL_STEPS",
@@ -177,7 +170,7 @@ class Store:
         return done
 
     def _save(self, name: str, state: ModelState) -> None:
-        """state.json, after its backup copy (`storestate.write_state`): a state.json damaged later is
+        """state.json, after its backup copy (`state.write_state`): a state.json damaged later is
         restored from the backup at the next start instead of being rebuilt from disk."""
         write_state(self._dir(name), state)
 
@@ -193,7 +186,7 @@ class Store:
             and (state.probation_boot is not None or state.probation_crashes > 0)
         )
 
-    # ---- verification (models.offer) --------------------------------------------------------
+    # ---- verification (store.offer) ---------------------------------------------------------
     def check_offer(
         self,
         manifest_bytes: bytes,

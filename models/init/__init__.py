@@ -38,8 +38,8 @@ from typing import Any
 
 from edged.errors import Code, PackageError
 
-from .detect import PREPROCESS, PREPROCESS_WHY, Detected, detect
-from .package import Package, publish_package, read_labels, sha256_file
+from ..package import Package, publish_package, read_labels, sha256_file
+from .recognise import PREPROCESS, PREPROCESS_WHY, Detected, detect
 
 
 @dataclass(frozen=True)
@@ -330,7 +330,7 @@ def _fix_input(
     import onnx
     from onnxruntime.tools.onnx_model_utils import fix_output_shapes, make_input_shape_fixed
 
-    from .rebatch import rebatch
+    from ..rebatch import rebatch
 
     shape = _shape(layout, batch, h, w)
     if all(dims) and dims[0] != batch:
@@ -425,7 +425,7 @@ def _prove(
     """Each model written (batch -> model) against the source export on values: the probe rows of
     batchcheck.py, the source run `source_batch` images at a time; PackageError(batch_mismatch) naming the
     output and the largest difference when a row differs."""
-    from .batchcheck import check_batches
+    from ..batchcheck import check_batches
 
     ref = _runner(source, name)
     checked = check_batches(

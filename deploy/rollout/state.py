@@ -1,4 +1,4 @@
-"""A rollout's state (``edged.rollout/1``, described in deploy/rollout.py): its plan (the waves, the
+"""A rollout's state (``edged.rollout/1``, described in deploy/rollout/__init__.py): its plan (the waves, the
 failures allowed), the file that holds it (Rollout: written atomically, read back for a resume, found
 again at its default place), and the lock that lets one ``edged push`` at a time run it."""
 
@@ -17,9 +17,9 @@ from typing import IO, Any, TextIO
 
 from edged.errors import Code
 from edged.errors import RolloutError as RolloutError  # defined in edged.errors, importable here as before
-from edged.models.storefiles import read_head, write_atomic
+from edged.models.store.files import read_head, write_atomic
 
-from .push import Device, Wait
+from ..push import Device, Wait
 
 SCHEMA = "edged.rollout/1"
 SAVE_EVERY_S = 0.5

@@ -56,19 +56,19 @@ from edged.protocol import topics
 from edged.protocol.client import MqttSettings
 from edged.protocol.ota import group_offer_payload, offer_args
 
-from .mirror import Mirror
-from .push import Device, Wait, report
-from .rollout_pusher import RolloutPusher
+from ..mirror import Mirror
+from ..push import Device, Wait, report
+from .pusher import RolloutPusher
 
-# the plan and the state file live in rollout_state.py; re-exported: `from edged.deploy.rollout import plan_waves`
-from .rollout_state import FAILED, OK, Rollout, open_rollout, running_lock
-from .rollout_state import SAVE_EVERY_S as SAVE_EVERY_S
-from .rollout_state import SCHEMA as SCHEMA
-from .rollout_state import allowed_failures as allowed_failures
-from .rollout_state import default_state_path as default_state_path
-from .rollout_state import new_rollout as new_rollout
-from .rollout_state import parse_waves as parse_waves
-from .rollout_state import plan_waves as plan_waves
+# the plan and the state file live in rollout/state.py; re-exported: `from edged.deploy.rollout import plan_waves`
+from .state import FAILED, OK, Rollout, open_rollout, running_lock
+from .state import SAVE_EVERY_S as SAVE_EVERY_S
+from .state import SCHEMA as SCHEMA
+from .state import allowed_failures as allowed_failures
+from .state import default_state_path as default_state_path
+from .state import new_rollout as new_rollout
+from .state import parse_waves as parse_waves
+from .state import plan_waves as plan_waves
 
 EXIT_ABORTED = 3
 EXIT_STOPPED = 130

@@ -31,7 +31,7 @@ from edged.protocol import topics
 from edged.protocol.client import MqttSettings
 from edged.protocol.ota import OtaState, chunk
 
-from .push import TAKE_BACK_S, Device, Progress, Pusher, Wait
+from ..push import TAKE_BACK_S, Device, Progress, Pusher, Wait
 
 MAX_OUT_BYTES = 32 << 20  # chunk bytes handed to paho and not yet written to the socket
 MAX_PENDING_PER_DEVICE = 32  # chunk requests waiting per device (a device asks `ota.window` at a time)

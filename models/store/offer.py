@@ -19,10 +19,10 @@ from typing import Literal, Protocol
 
 from edged.errors import Code, PackageError
 
-from .compat import DeviceFacts, mismatches
-from .package import MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from .signing import TrustStore
-from .storestate import ModelState
+from ..compat import DeviceFacts, mismatches
+from ..package import MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from ..signing import TrustStore
+from .state import ModelState
 
 MAX_FILE_BYTES = 8 << 30  # no single model file over 8 GiB
 
