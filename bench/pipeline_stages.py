@@ -61,7 +61,7 @@ def naive_child(
     spec = m.input.model_copy(update={"shape": [engine_batch, *m.input.shape[1:]]})
     decoder = build_decoder(m.decoder, spec, m.labels, {o.name: o.shape for o in backend.outputs})
     pre = Preprocessor(spec)
-    batch = np.zeros(spec.shape, np.float32)
+    batch = np.zeros(spec.shape, pre.new_row().dtype)
     client = make_client(load_config_stub(port), "bench-naive")
     client.connect("127.0.0.1", port)
     client.loop_start()
@@ -140,7 +140,7 @@ def loaded_throughput(
 
 def real_batch(video: Path, pre: Preprocessor, shape: list[int]) -> tuple[np.ndarray, list[Any]]:
     cap = cv2.VideoCapture(str(video))
-    batch = np.zeros(shape, np.float32)
+    batch = np.zeros(shape, pre.new_row().dtype)  # the package's input: float32, or uint8 when folded
     transforms = []
     cap.set(cv2.CAP_PROP_POS_FRAMES, 150)  # two people in view
     for i in range(shape[0]):

@@ -8,9 +8,11 @@ build tools, and ``edged watch`` and ``edged push`` load neither OpenCV nor ONNX
     run.py       run, check-config              observe.py   watch, telemetry (watch.py: the subscriber)
     certs.py     certs ca|server|device|…       quantize.py  quantize, build-engine
     keys.py      keys generate                  bundle.py    bundle build|verify
-    model.py     model pack|sign|golden         store.py     model verify|install|list|rollback
+    model.py     model pack|sign|golden|fold    store.py     model verify|install|list|rollback
     demo.py      model fetch-demo               push.py      push (the client: edged.deploy.push)
     doctor.py    doctor (checks: edged.daemon.doctor)
+    fleet.py     fleet, diagnose (edged.deploy.fleet; diagnose.py: the asker)
+    config.py    config push|show|clear (remote configuration: edged.deploy.config_push)
 
 Exit codes: 0 success, 1 a user-facing error (bad config, bad model, fetch failure), 2 usage; some verbs
 add their own (``run``: 3, ``quantize``: 4), named in their help.
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from edged import __version__
 from edged.errors import EdgedError
 
-from . import bundle, certs, doctor, keys, model, observe, push, quantize, run
+from . import bundle, certs, config, doctor, fleet, keys, model, observe, push, quantize, run
 
 EPILOG = """\
 examples:
@@ -51,7 +53,7 @@ configuration keys can be overridden per device with EDGED_<SECTION>__<KEY>, e.g
 """
 
 # The order of `edged --help`'s verb list.
-VERBS = (run, doctor, observe, certs, quantize, keys, bundle, model, push)
+VERBS = (run, doctor, observe, certs, quantize, keys, bundle, model, push, fleet, config)
 
 Handler = Callable[[argparse.Namespace], int]
 

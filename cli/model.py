@@ -1,4 +1,4 @@
-"""``edged model …``: the package tools (pack, sign, golden); the device's store and the demo models have
+"""``edged model …``: the package tools (pack, sign, golden, fold); the device's store and the demo models have
 modules of their own (``edged.cli.store``, ``edged.cli.demo``) that add their verbs to this group."""
 
 from __future__ import annotations
@@ -45,6 +45,29 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     mg.add_argument("--atol", type=float, default=1e-3, help="absolute tolerance (default 1e-3)")
     mg.add_argument("--rtol", type=float, default=1e-2, help="relative tolerance (default 1e-2)")
     mg.set_defaults(func=_golden)
+    mf = msub.add_parser(
+        "fold",
+        help="fold a package's preprocessing into its ONNX graph: the model takes uint8 pixels (value-checked)",
+        description="Write a new package folder whose ONNX model files (every batch) start with the manifest's "
+        "preprocessing as ONNX nodes (colour order, uint8 to float, scale, mean/std, NHWC to NCHW), so the engine "
+        "takes uint8 BGR pixels at the model's size and the camera side only letterboxes; the manifest's input "
+        "becomes `pixels` (uint8 NHWC) with input.folded recording the model's own input. Refused unless the "
+        "folded model gives the unfolded one's outputs within the golden tolerance on the golden input, the "
+        "--image frames and random pixels. The golden pair becomes pixels with the unfolded model's outputs. "
+        "Sign the new folder before pushing it.",
+    )
+    mf.add_argument("src", type=Path, help="an unpacked ONNX package folder")
+    mf.add_argument("dst", type=Path, help="the folded package folder to write (absent or empty)")
+    mf.add_argument(
+        "--image",
+        type=Path,
+        action="append",
+        default=[],
+        help="a frame (JPEG/PNG) to check on too, letterboxed as the daemon does; repeatable. The first becomes "
+        "the golden input when SRC has no golden pair (default: random pixels)",
+    )
+    mf.add_argument("--version", type=int, help="the new package's version (default: SRC's)")
+    mf.set_defaults(func=_fold)
     model_init.add_parsers(msub)
 
 
@@ -57,6 +80,22 @@ def _pack(args: argparse.Namespace) -> int:
     sig = load_signing_key(args.key).sign(pkg.manifest_bytes) if args.key else None
     pack_tar(pkg, args.out, sig)
     print(f"pack: {pkg.ref} -> {args.out}" + (" (signed)" if sig else " (unsigned: devices refuse it until signed)"))
+    return 0
+
+
+def _fold(args: argparse.Namespace) -> int:
+    from edged.models.fold import fold_package
+    from edged.models.package import verify_folder
+
+    frames = model_init.letterboxed(verify_folder(args.src), args.image)
+    pkg = verify_folder(fold_package(args.src, args.dst, frames, args.version))
+    checked = model_init.check_model(pkg)
+    print(
+        f"fold: {pkg.ref} -> {args.dst}: takes uint8 pixels {pkg.manifest.input.shape}; every batch gives the "
+        f"unfolded model's outputs on the golden input, {len(frames)} --image frame(s) and random pixels"
+        + (f"; {checked}" if checked else "")
+        + "; sign it before pushing"
+    )
     return 0
 
 

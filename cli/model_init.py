@@ -4,8 +4,10 @@ model check that ``pack``, ``verify`` and ``init`` share, and the golden pair wr
 from __future__ import annotations
 
 import argparse
+import shutil
+import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edged.errors import Code
 
@@ -45,10 +47,17 @@ def add_parsers(msub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "114 for Ultralytics' YOLO; some exports pad with 0)",
     )
     p.add_argument("--image", type=Path, help="a representative frame for the golden pair (default: none)")
+    p.add_argument(
+        "--fold",
+        action="store_true",
+        help="fold the preprocessing into the graph (as `edged model fold`): the model takes uint8 pixels, "
+        "checked on values against the unfolded model",
+    )
     p.set_defaults(func=_init)
 
 
 def _init(args: argparse.Namespace) -> int:
+    from edged.errors import PackageError
     from edged.models.init import InitOptions, init_package, parse_batches, parse_size
     from edged.models.package import verify_folder
 
@@ -62,12 +71,27 @@ def _init(args: argparse.Namespace) -> int:
         if checked:
             said.append(checked)
 
+    out, scratch = args.out, None
+    if args.fold:  # init into a scratch folder, fold from it into --out (checked empty first)
+        if args.out is not None and args.out.exists() and any(args.out.iterdir()):
+            raise PackageError(f"{args.out}: exists and is not empty; give --out or remove it", code=Code.INIT_FAILED)
+        scratch = Path(tempfile.mkdtemp(prefix="edged-init-"))
+        out = scratch / "unfolded"
     opts = InitOptions(
-        args.model, args.out, args.name, args.version, args.decoder, batches[-1] if batches else None,
+        args.model, out, args.name, args.version, args.decoder, batches[-1] if batches else None,
         parse_size(args.input_size) if args.input_size else None, args.labels, args.color, args.letterbox,
         extra_batches=batches[:-1], pad_value=args.pad_value, finish=finish,
     )  # fmt: skip
-    done = init_package(opts)
+    try:
+        done = init_package(opts)
+        if args.fold:
+            done.package = _fold_made(done.package, args.out, args.image)
+            done.decisions = [d for d in done.decisions if not d.startswith("package ")]
+            said.append(f"fold: {done.package.ref} takes uint8 pixels {done.package.manifest.input.shape}, its "
+                        "outputs checked against the unfolded model's")  # fmt: skip
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     for line in done.decisions:
         print(f"init: {line}")
     for line in said:
@@ -78,10 +102,44 @@ def _init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fold_made(made: Package, out: Path | None, image: Path | None) -> Package:
+    from edged.models.fold import fold_package
+    from edged.models.package import verify_folder
+
+    dst = out or Path(made.manifest.name)
+    fold_package(made.root, dst, letterboxed(made, [image] if image else []))
+    pkg = verify_folder(dst)
+    check_model(pkg)
+    return pkg
+
+
+def letterboxed(pkg: Package, images: list[Path]) -> list[Any]:
+    """Each image as the daemon hands a folded model its pixels: letterboxed (or stretched) to the model's
+    size, uint8 BGR [H, W, 3]."""
+    import cv2
+
+    from edged.daemon.capture.preprocess import Preprocessor
+    from edged.errors import PackageError
+    from edged.models.fold import folded_spec
+
+    spec = pkg.manifest.input
+    pre = Preprocessor(spec if spec.folded is not None else folded_spec(spec))
+    rows = []
+    for image in images:
+        frame = cv2.imread(str(image), cv2.IMREAD_COLOR)
+        if frame is None:
+            raise PackageError(f"{image}: not an image OpenCV can read", code=Code.NOT_FOUND)
+        row = pre.new_row()
+        pre.run(frame, row)
+        rows.append(row)
+    return rows
+
+
 def check_model(pkg: Package) -> str | None:
     """The model's I/O against its manifest: the input (models/validate.py), the outputs and the class
     count against the decoder (the daemon's own check, with the labels file read); then, for an ONNX package
-    of several batches, each batch against its smallest on values (models/batchcheck.py). Returns what the
+    of several batches, each batch against its smallest on values (models/batchcheck.py), and for a folded
+    one its golden pair at every batch (models/fold.py). Returns what the
     value check did, in words, or None when there was none."""
     from edged.models.validate import check_package
 
@@ -92,7 +150,10 @@ def check_model(pkg: Package) -> str | None:
         build_decoder(m.decoder, m.input, m.labels, shapes)
 
     check_package(pkg, outputs)
-    return check_batch_values(pkg)
+    from edged.models.fold import check_folded
+
+    said = [s for s in (check_batch_values(pkg), check_folded(pkg)) if s]
+    return "; ".join(said) or None
 
 
 def check_batch_values(pkg: Package) -> str | None:

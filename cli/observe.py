@@ -22,7 +22,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "the default --device). Flags override the file.",
         epilog="examples:\n  edged watch --host 127.0.0.1 --device orin-07\n"
         "  edged watch --host broker.site --port 8883 --device orin-07 --cafile pki/ca.crt \\\n"
-        "      --cert pki/backend.crt --key pki/backend.key\n  edged watch -c operator.yaml --device orin-07",
+        "      --cert pki/backend.crt --key pki/backend.key\n  edged watch -c operator.yaml --device orin-07\n"
+        "  edged watch -c operator.yaml --device orin-07 --snapshot gate.jpg --camera gate",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     w.add_argument("-c", "--config", type=Path, help="a YAML file whose mqtt section to use (and device_id, if any)")
@@ -35,9 +36,17 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--snapshot",
         type=Path,
         metavar="OUT.jpg",
-        help="draw the newest result with detections onto its frame of --video",
+        help="ask the device for a camera's last frame with its detections drawn (the snapshot command) and "
+        "write it; without --duration or --count, stop once written",
     )
-    w.add_argument("--video", type=Path, metavar="FILE", help="the video a file:// camera plays")
+    w.add_argument("--camera", metavar="NAME", help="the camera to snapshot (default: the first the device reports)")
+    w.add_argument(
+        "--video",
+        type=Path,
+        metavar="FILE",
+        help="offline: draw the newest result with detections onto its frame of FILE (the video a file:// camera "
+        "plays) instead of asking the device",
+    )
     w.set_defaults(func=_watch)
 
     tel = sub.add_parser(
@@ -56,7 +65,16 @@ def _watch(args: argparse.Namespace) -> int:
 
     cfg, device = watch_settings(args.config, broker_flags(args), device=args.device)
     logging.getLogger().setLevel(logging.WARNING)
-    n = watch(cfg, device, args.duration, args.count, args.snapshot, args.video, only_detections=args.only_detections)
+    n = watch(
+        cfg,
+        device,
+        args.duration,
+        args.count,
+        args.snapshot,
+        args.video,
+        only_detections=args.only_detections,
+        camera=args.camera,
+    )
     print(f"watch: {n} results", file=sys.stderr)
     return 0
 

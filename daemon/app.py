@@ -34,11 +34,12 @@ from .backends import Backend
 from .capture.camera import Camera, Throttle, join_all
 from .capture.preprocess import Preprocessor
 from .config import Config
-from .control import Control
+from .control import Control, remote_config
 from .delivery.commands import Commands
 from .delivery.homeassistant import HomeAssistant
 from .delivery.publisher import Publisher, iso
 from .delivery.spool import Spool
+from .diagnose import LogRing
 from .health import HealthServer, Probe
 from .host import affinity
 from .host.governor import Governor
@@ -50,7 +51,9 @@ from .lifecycle.loader import ModelLoader, Opened
 from .lifecycle.manager import ModelManager
 from .lifecycle.ota import OtaReceiver
 from .lifecycle.ota.group_offer import GroupOffers
+from .lifecycle.remote import RemoteConfig, startup_config
 from .liveness import Liveness
+from .liveview import LiveView
 from .parts import Parts
 from .scene.scenes import Scenes, decode_options
 from .telemetry import RunSummary, Telemetry
@@ -80,6 +83,7 @@ class Daemon:
         in the state directory is touched (StateDirError when another daemon holds it)."""
         self.cfg = cfg  # the config in force: a reload replaces it (control.RESTART_KEYS stay as started)
         self.config_path = config_path
+        self.log_ring = LogRing.install()  # the `diagnose` verb's newest log lines, scrubbed (daemon/diagnose.py)
         self.boot_id = uuid.uuid4().hex
         self.signals = signals
         self.stop_event = signals.stop if signals is not None else threading.Event()
@@ -94,6 +98,7 @@ class Daemon:
         self.unserved = ""  # run(): why a run with a duration stopped before serving any batch
         self.stop_reason = ""  # set when the governor stops the daemon (memory hard limit, critical heat)
         self.failure = ""  # set when a thread died and the daemon stops for systemd to restart it
+        self.remote: RemoteConfig | None = None  # signed config documents (lifecycle/remote.py)
         try:
             self._start(backend)
         except BaseException as exc:
@@ -105,6 +110,7 @@ class Daemon:
     def _start(self, backend: Backend | None) -> None:
         """The start, step by step. Work that no model can cause to fail comes first; the probation marker is
         written just before the model is opened (`ModelLoader.open`). Nothing runs until `run()`."""
+        self.cfg, self.remote_config_error = startup_config(self.cfg, self.config_path)  # stored documents
         self._open_state_dir()
         opened = self._open_model(backend)
         self._build_frame_path(opened)
@@ -144,7 +150,7 @@ class Daemon:
         by_name = {c.name: c for c in self.cameras}
         self.scenes = Scenes(cfg.detection, cfg.cameras, lambda name, seq: by_name[name].frame_for(seq))
         for c in self.cameras:  # an event's crop is cut from its own frame, kept until its result is decoded
-            c.keep_taken = self.scenes.crops(c.name)
+            c.keep_taken = self.scenes.crops(c.name) or cfg.health.live_view  # the live view draws on it too
         m = opened.package.manifest
         active = ActiveModel(opened.backend, opened.decoder, m.name, m.version)
         wait_s = cfg.inference.max_wait_ms / 1000.0
@@ -191,6 +197,8 @@ class Daemon:
             offers = self.group_offers = GroupOffers(self.ota, cfg.state_dir, self.stop_event)
             for group in cfg.groups:  # a rollout's retained offer to the group: taken when we connect
                 self.publisher.inbox.route_topic(topics.group_offer(cfg.mqtt.topic_prefix, group), offers.on_message)
+        if self.config_path is not None and cfg.remote_config.enabled:
+            self.remote = remote_config(cfg, self.config_path, self.publisher, self.stop_event, self)
 
     def _build_governor(self) -> None:
         """Thermal, power and memory limits on the throttle, when governor.enabled."""
@@ -220,6 +228,10 @@ class Daemon:
         self.telemetry = Telemetry(self.parts)
         self.control = Control(self.parts, self.telemetry, self.config_path)
         self.control.register(self.commands, self.ota)
+        self.control.on_event = self._event
+        if self.remote is not None:
+            self.control.overlay, self.remote.applier = self.remote.overlay, self.control
+            self.telemetry.remote_config = self.remote.summary
         # the broker drops anything bigger than the largest message we take (the MQTT Maximum Packet Size)
         self.publisher.max_incoming_bytes = max(
             self.commands.max_bytes(), self.ota.max_message_bytes if self.ota else 0
@@ -233,13 +245,18 @@ class Daemon:
         self.homeassistant: HomeAssistant | None = None
         if HomeAssistant.needed(cfg):  # enabled, or an earlier run's entities to clear
             self.homeassistant = HomeAssistant(
-                cfg, self.scenes, self.publisher, lambda: (self.package.ref, self.package.labels)
+                cfg,
+                self.scenes,
+                self.publisher,
+                lambda: (self.package.ref, self.package.labels),
+                lambda: self.throttle.paused_cameras,  # the pause switches' state
             )
         self.health: HealthServer | None = None
         if cfg.health.enabled:
             stall_s = Watchdog().stall_s
             probe = Probe(self.parts, self.telemetry, lambda: self._health(time.monotonic(), stall_s))
-            self.health = HealthServer(cfg.health, probe)
+            live = LiveView(cfg.health, self.parts, self.telemetry) if cfg.health.live_view else None
+            self.health = HealthServer(cfg.health, probe, live)
 
     def _start_failed(self, exc: BaseException) -> None:
         """A start that ends in an error releases what it holds (the probation marker: `ModelLoader.start_failed`)."""
@@ -248,6 +265,7 @@ class Daemon:
         if isinstance(spool, Spool):
             spool.close()
         self.lock.release()
+        self.log_ring.uninstall()
 
     @property
     def package(self) -> Package:
@@ -263,7 +281,8 @@ class Daemon:
 
     def _status_extra(self) -> dict[str, Any]:
         m = self.package.manifest
-        return {"model": {"name": m.name, "version": m.version}, "groups": list(self.cfg.groups)}
+        remote = {"config": self.remote.summary()} if self.remote is not None else {}
+        return {"model": {"name": m.name, "version": m.version}, "groups": list(self.cfg.groups), **remote}
 
     def _on_result(self, r: Result) -> None:
         r, events, frames = self.scenes.process(r)  # per-camera settings, tracks, zones, object events
@@ -271,6 +290,8 @@ class Daemon:
             self._event(ev)
         self.telemetry.record(r)
         self.control.record(r)
+        if self.health is not None and self.health.live is not None:
+            self.health.live.record(r)  # a reference kept: nothing drawn unless someone watches
         if self.homeassistant is not None:
             self.homeassistant.observe(r)
         if frames:
@@ -352,6 +373,8 @@ class Daemon:
             self.ota.resume()
         if self.group_offers is not None:
             self.group_offers.start()
+        if self.remote is not None:
+            self.remote.start()
         for c in self.cameras:
             c.start()
         self.loop.start()
@@ -509,3 +532,4 @@ class Daemon:
             if self.health is not None:
                 self.health.stop()
         logger.info("stopped cleanly")
+        self.log_ring.uninstall()

@@ -4,13 +4,16 @@ time) is commands.py; this is what each verb does to the running daemon.
     status     publish the retained status again; reply with a summary                    idempotent
     snapshot   one camera's last frame with its detections drawn, as a JPEG on
                ``…/snapshot/<camera>`` (at most one every SNAPSHOT_MIN_INTERVAL_S per camera)
-    pause      stop offering frames to inference (the cameras keep reading)               idempotent
+    pause      stop offering frames to inference (the cameras keep reading); with
+               {"camera": NAME}, that camera's only                                       idempotent
     resume     offer them again                                                           idempotent
     rollback   serve the previous version, then roll the store back
-    reload     read the config file again: apply what can change live, name what needs a restart
-               (SIGHUP does the same, off the main thread)
+    reload     read the config file again (the remote overlay in force over it): apply what can change
+               live, name what needs a restart (SIGHUP does the same, off the main thread)
     ota        an OTA offer (ota.py), or ``not_supported`` with the reason
     cancel     stop the running OTA transfer and drop its files (``edged push --cancel``)
+    diagnose   doctor, the newest log lines, the config without secrets, spool and store, in parts
+               (diagnose.py; ``edged diagnose``)
 """
 
 from __future__ import annotations
@@ -18,48 +21,68 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from edged.errors import Code, ConfigError, EdgedError
 from edged.protocol import topics
+from edged.protocol.commands import DIAGNOSE_VERB
 from edged.protocol.ota import CANCEL_VERB
 
-from .config import load_config
-from .decoders import DecodeOptions
+from .capture.camera import Camera
+from .config import Config, load_config
+from .config.remote import load_with_overlay
 from .delivery.commands import CommandError, Commands, NoArgs
-from .delivery.publisher import MAX_PAYLOAD_BYTES
+from .delivery.publisher import MAX_PAYLOAD_BYTES, Publisher
+from .diagnose import Diagnose, DiagnoseArgs
 from .host.systemd import monotonic_usec, notify
-from .inference import Result
+from .inference import InferenceLoop, Result
 from .lifecycle.ota import MAX_OFFER_BYTES, CancelArgs, OfferArgs, OtaReceiver
+from .lifecycle.remote import RemoteConfig
 from .parts import Parts
 from .scene.draw import draw, fit_jpeg
+from .scene.scenes import decode_options
 from .telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
 SNAPSHOT_MIN_INTERVAL_S = 2.0
-# What a reload never changes in the running daemon: a change to one of these applies at the next start.
+# What a reload never changes in the running daemon: a change to one of these applies at the next start
+# (cameras change live unless their names, their order or a max_frame_pixels changes).
 RESTART_KEYS = (
     "device_id",
     "state_dir",
     "mqtt",
     "spool",
     "model",
-    "cameras",
     "inference",
     "ota",
     "groups",
     "homeassistant",
     "health",
+    "remote_config",
 )
 
 
 class SnapshotArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     camera: str
+
+
+class ResumeArgs(BaseModel):
+    """`resume`: the whole daemon, or with `camera` that camera alone."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    camera: str | None = None
+
+
+class PauseArgs(ResumeArgs):
+    """`pause`: as `resume`; ``"paused": false`` resumes (Home Assistant's switch sends both to one topic)."""
+
+    paused: bool = True
 
 
 class Control:
@@ -73,19 +96,24 @@ class Control:
         self.config_path = config_path
         self.last_dets: dict[str, list[dict[str, Any]]] = {}  # per camera: its last result's, for snapshots
         self._last_snapshot: dict[str, float] = {}
-        self._reload_lock = threading.Lock()
+        self._reload_lock = threading.RLock()
+        # the remote overlay in force (lifecycle/remote.py), merged over the file at each reload; None: none
+        self.overlay: Callable[[], dict[str, Any]] | None = None
+        self.on_event: Callable[[dict[str, Any]], None] | None = None  # object events a scene swap ends
 
     def register(self, commands: Commands, ota: OtaReceiver | None) -> None:
         """Every verb on `commands`; `ota`: the receiver of pushed models, None where this daemon takes none."""
         commands.register("status", NoArgs, self.status, idempotent=True)
         commands.register("snapshot", SnapshotArgs, self.snapshot, idempotent=False)
         commands.register("reload", NoArgs, self.reload, idempotent=False)
-        commands.register("pause", NoArgs, self.pause, idempotent=True)
-        commands.register("resume", NoArgs, self.resume, idempotent=True)
+        commands.register("pause", PauseArgs, self.pause, idempotent=True)
+        commands.register("resume", ResumeArgs, self.resume, idempotent=True)
         commands.register("rollback", NoArgs, self.rollback, idempotent=False)
         offer = ota.offer if ota is not None else self._no_ota
         commands.register("ota", OfferArgs, offer, idempotent=False, max_bytes=MAX_OFFER_BYTES)
         commands.register(CANCEL_VERB, CancelArgs, ota.cancel if ota is not None else self._no_ota, idempotent=False)
+        # doctor, the newest log lines, the config in force without secrets, spool and store, in parts (diagnose.py)
+        commands.register(DIAGNOSE_VERB, DiagnoseArgs, Diagnose(self.parts).run, idempotent=False)
 
     def record(self, r: Result) -> None:
         """A result's detections, which a snapshot of its camera draws."""
@@ -100,18 +128,29 @@ class Control:
             "boot_id": p.boot_id,
             "model": p.models.package.ref,
             "paused": p.throttle.paused,
+            "paused_cameras": sorted(p.throttle.paused_cameras),
             "level": p.governor.policy.level.label if p.governor else "off",
             "cameras": {c.name: c.stats.state for c in p.cameras},
             "spool_rows": p.publisher.spool.rows,
         }
 
-    def pause(self, _: NoArgs) -> dict[str, Any]:
-        return self._pause(True)
+    def pause(self, args: PauseArgs | None = None) -> dict[str, Any]:
+        return self._pause(args.paused if args is not None else True, args.camera if args is not None else None)
 
-    def resume(self, _: NoArgs) -> dict[str, Any]:
-        return self._pause(False)
+    def resume(self, args: ResumeArgs | None = None) -> dict[str, Any]:
+        return self._pause(False, args.camera if args is not None else None)
 
-    def _pause(self, pause: bool) -> dict[str, Any]:
+    def _pause(self, pause: bool, camera: str | None = None) -> dict[str, Any]:
+        throttle = self.parts.throttle
+        if camera is not None:
+            names = [c.name for c in self.parts.cameras]
+            if camera not in names:
+                raise CommandError("unknown_camera", f"no camera {camera!r}; cameras: {', '.join(names)}")
+            # replaced, never changed in place: the camera threads and /readyz read it without a lock
+            was = throttle.paused_cameras
+            throttle.paused_cameras = was | {camera} if pause else was - {camera}
+            logger.info("camera %s %s by command", camera, "paused" if pause else "resumed")
+            return {"camera": camera, "paused": camera in throttle.paused_cameras or throttle.paused}
         self.parts.throttle.user_paused = pause
         logger.info("inference %s by command", "paused" if pause else "resumed")
         return {"paused": self.parts.throttle.paused}
@@ -164,40 +203,76 @@ class Control:
 
     # --- reload ----------------------------------------------------------------------------------
     def reload(self, _: NoArgs | None = None) -> dict[str, Any]:
-        """Read the config file again; apply what can change live, name what needs a restart."""
+        """Read the config file again (with the remote overlay in force over it: `overlay`); apply what can
+        change live, name what needs a restart."""
         if self.config_path is None:
             raise CommandError("not_supported", "this daemon was not started from a config file")
         with self._reload_lock:
             notify(f"RELOADING=1\nMONOTONIC_USEC={monotonic_usec()}\nSTATUS=reloading the config")
             try:
-                new = load_config(self.config_path)
+                overlay = self.overlay() if self.overlay is not None else {}
+                new = load_with_overlay(self.config_path, overlay) if overlay else load_config(self.config_path)
             except ConfigError as exc:
                 notify(f"READY=1\nSTATUS=config reload refused, running on the old one: {exc}")
                 raise CommandError("config_invalid", str(exc)) from exc
-            host, governor = self.parts.host, self.parts.governor
-            old = host.cfg
-            d = new.detection
-            self.parts.loop.opts = DecodeOptions(
-                d.score_threshold, d.iou_threshold, d.max_detections, frozenset(d.labels)
-            )
-            if governor is not None:
-                governor.policy.reconfigure(new.governor, new.memory)
-            live = ["detection", "governor thresholds", "memory limits", "telemetry", "log_level"]
-            restart = [k for k in RESTART_KEYS if getattr(old, k) != getattr(new, k)]
-            if governor is not None and (
-                old.governor.enabled,
-                old.governor.interval_s,
-                old.governor.sysfs_root,
-            ) != (new.governor.enabled, new.governor.interval_s, new.governor.sysfs_root):
-                restart.append("governor.enabled/interval_s/sysfs_root")
-            logging.getLogger().setLevel(new.log_level.upper())
-            host.cfg = new.model_copy(update={k: getattr(old, k) for k in RESTART_KEYS})
-            logger.info(
-                "config reloaded from %s; restart needed for: %s", self.config_path, ", ".join(restart) or "nothing"
-            )
-            swapped = self._apply_store_current()
+            out = self._apply(new, f"config reloaded from {self.config_path}")
+            out["model"] = self._apply_store_current()
             notify(f"READY=1\nSTATUS={self.telemetry.status_line()}")
-            return {"applied": live, "restart_needed": restart, "model": swapped}
+            return out
+
+    def apply(self, new: Config, why: str) -> dict[str, Any]:
+        """Put `new` in force as a reload does (a remote document's config, or the last good one back)."""
+        with self._reload_lock:
+            out = self._apply(new, why)
+            notify(f"STATUS={self.telemetry.status_line()}")
+            return out
+
+    def _apply(self, new: Config, why: str) -> dict[str, Any]:
+        """What can change live: detection settings, each camera's scene (detection, zones, masks, tracking,
+        publish, motion) and its source (a camera whose uri, fps_max or other capture key changed reopens);
+        the governor's thresholds, memory limits, telemetry, log level. The rest is named as needing a restart."""
+        p = self.parts
+        host, governor = p.host, p.governor
+        old = host.cfg
+        names = [c.name for c in old.cameras]
+        cameras_live = [c.name for c in new.cameras] == names and all(
+            a.max_frame_pixels == b.max_frame_pixels for a, b in zip(old.cameras, new.cameras, strict=True)
+        )
+        cameras = new.cameras if cameras_live else old.cameras
+        p.loop.opts = decode_options(new.detection, cameras)
+        ended = p.scenes.reconfigure(new.detection, cameras)
+        reopened = []
+        for cam, c in zip(p.cameras, cameras, strict=True):
+            cam.keep_taken = p.scenes.crops(cam.name) or old.health.live_view  # the live view draws on it too
+            if cam.cfg.model_copy(update={"detection": None}) != c.model_copy(update={"detection": None}):
+                cam.reconfigure(c)
+                reopened.append(cam.name)
+            else:
+                cam.cfg = c
+        if self.on_event is not None:
+            for ev in ended:
+                self.on_event(ev)
+        if governor is not None:
+            governor.policy.reconfigure(new.governor, new.memory)
+        live = ["detection", "cameras' scenes", "governor thresholds", "memory limits", "telemetry", "log_level"]
+        restart = [k for k in RESTART_KEYS if getattr(old, k) != getattr(new, k)]
+        if not cameras_live:
+            restart.append("cameras (names, order or max_frame_pixels)")
+        if governor is not None and (
+            old.governor.enabled,
+            old.governor.interval_s,
+            old.governor.sysfs_root,
+        ) != (new.governor.enabled, new.governor.interval_s, new.governor.sysfs_root):
+            restart.append("governor.enabled/interval_s/sysfs_root")
+        logging.getLogger().setLevel(new.log_level.upper())
+        host.cfg = new.model_copy(update={"cameras": cameras, **{k: getattr(old, k) for k in RESTART_KEYS}})
+        logger.info(
+            "%s; cameras reopened: %s; restart needed for: %s",
+            why,
+            ", ".join(reopened) or "none",
+            ", ".join(restart) or "nothing",
+        )
+        return {"applied": live, "reopened": reopened, "restart_needed": restart}
 
     def _apply_store_current(self) -> dict[str, Any] | None:
         """A reload also serves the store's `current` when `edged model install` changed it."""
@@ -217,3 +292,39 @@ class Control:
             self.reload()
         except CommandError as exc:
             logger.error("SIGHUP: config not reloaded, the running one stays: %s", exc)
+
+
+class Serving(Protocol):
+    """What the readiness after a remote config document reads (the daemon)."""
+
+    cfg: Config
+    cameras: list[Camera]
+    loop: InferenceLoop
+
+
+def remote_config(cfg: Config, path: Path, publisher: Publisher, stop: threading.Event, host: Serving) -> RemoteConfig:
+    """The receiver of signed config documents (lifecycle/remote.py), subscribed to the device's document and
+    its groups' at every connect; ready after an apply: every camera up (or at the end of its file), a batch
+    served since, the broker connected."""
+
+    def ready(before: int) -> str:
+        down = [f"camera {c.name}: {c.stats.state} ({c.stats.last_error or 'no frame yet'})"
+                for c in host.cameras if c.stats.state not in ("up", "ended")]  # fmt: skip
+        if down:
+            return "; ".join(down)
+        if host.loop.stats.batches <= before:
+            return "no batch served since the change"
+        return "" if publisher.connected else "the broker is not connected"
+
+    remote = RemoteConfig(cfg, path, publisher, stop, lambda: host.cfg, lambda: host.loop.stats.batches, ready)
+
+    def status_again() -> None:  # the retained status names the versions in force
+        if publisher.connected:
+            publisher.publish_status("online")
+
+    remote.on_change = status_again
+    prefix = cfg.mqtt.topic_prefix
+    publisher.inbox.route_topic(topics.config_desired(cfg.topic_root), remote.on_message)
+    for group in cfg.groups:
+        publisher.inbox.route_topic(topics.config_group(prefix, group), remote.on_message)
+    return remote

@@ -6,6 +6,8 @@
     GET /readyz   200 {"status": "ready"} when the model is loaded and warm, every camera delivers frames,
                   the broker is connected, the spool is writable and inference is not paused;
                   503 {"status": "not ready", "reasons": [...]} otherwise (each reason a sentence)
+    GET /live     the live view, with ``health.live_view`` (daemon/liveview.py: the page, each camera's view,
+                  its own access rule: loopback clients only, or the token)
     GET /metrics  OpenMetrics / Prometheus text (prometheus-client), read from the running parts at each
                   scrape: counters for what telemetry counts, gauges for states and sensors, histograms
                   for latencies (since the start, daemon/latency.py's buckets)
@@ -40,6 +42,7 @@ from edged import __version__
 from .config.consumers import HealthConfig
 from .host.sensors import process_memory_mb
 from .latency import Histogram
+from .liveview import LiveView
 from .parts import Parts
 from .telemetry import Telemetry
 
@@ -89,9 +92,13 @@ class Probe(Collector):
             )
         if p.spool_state != "ok":
             out.append(f"the spool is failing: {p.spool_error or 'storage errors'}")
-        if self.parts.throttle.paused:
-            who = "the pause command" if self.parts.throttle.user_paused else "the governor (heat or power)"
+        t = self.parts.throttle
+        if t.paused:
+            by_command = t.user_paused or (bool(t.paused_cameras) and not t.governor_paused)
+            who = "the pause command" if by_command else "the governor (heat or power)"
             out.append(f"inference is paused by {who}")
+        elif t.paused_cameras:
+            out.append(f"camera {', '.join(sorted(t.paused_cameras))} paused by the pause command")
         return out
 
     # --- /metrics --------------------------------------------------------------------------------
@@ -235,9 +242,11 @@ def _histogram(name: str, text: str, h: Histogram) -> HistogramMetricFamily:
 class HealthServer:
     """The HTTP server on its own thread; `start` binds (an error names the address), `stop` closes."""
 
-    def __init__(self, cfg: HealthConfig, probe: Probe) -> None:
+    def __init__(self, cfg: HealthConfig, probe: Probe, live: LiveView | None = None) -> None:
+        """`live`: the live view's paths (/live…), None without them."""
         self.cfg = cfg
         self.probe = probe
+        self.live = live
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(probe)
         self._server: ThreadingHTTPServer | None = None
@@ -262,11 +271,18 @@ class HealthServer:
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.25,), name="health", daemon=True)
         self._thread.start()
-        logger.info("health: http://%s:%d/healthz, /readyz, /metrics", self.cfg.host, self.port)
+        logger.info(
+            "health: http://%s:%d/healthz, /readyz, /metrics%s",
+            self.cfg.host,
+            self.port,
+            "" if self.live is None else ", /live" + (" (token)" if self.live.token else " (loopback clients only)"),
+        )
 
     def stop(self) -> None:
         if self._server is None:
             return
+        if self.live is not None:
+            self.live.stopping.set()  # open MJPEG streams end
         self._server.shutdown()
         self._server.server_close()
         if self._thread is not None:
@@ -287,7 +303,8 @@ class HealthServer:
         if path == "/metrics":
             encoder, content_type = choose_encoder(accept)
             return 200, content_type, encoder(self.registry)
-        return _json(404, {"status": "not found", "paths": ["/healthz", "/readyz", "/metrics"]})
+        paths = ["/healthz", "/readyz", "/metrics"] + (["/live"] if self.live is not None else [])
+        return _json(404, {"status": "not found", "paths": paths})
 
 
 def _json(status: int, doc: dict[str, Any]) -> tuple[int, str, bytes]:
@@ -300,7 +317,14 @@ def _handler(server: HealthServer) -> type[BaseHTTPRequestHandler]:
         timeout = 10  # an idle or slow client frees its thread (each connection has one)
 
         def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
+            path, _, query = self.path.partition("?")
+            if server.live is not None and (path == "/live" or path.startswith("/live/")):
+                server.requests += 1
+                try:
+                    server.live.handle(self, path, query)  # it answers (and streams) on this thread
+                except Exception:  # a boundary, as below: a failed view is a log line, not a dead server
+                    logger.exception("health: %s failed", path)
+                return
             try:
                 status, ctype, body = server.answer(path, self.headers.get("Accept", ""))
             except Exception:  # a boundary: one failed scrape is a 500 and a log line, not a dead server

@@ -17,6 +17,7 @@ has stopped (`edged run` prints it).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,8 @@ class Telemetry:
         self.cam_latency = {c.name: Window() for c in parts.cameras}
         self._last = (time.monotonic(), 0, {c.name: 0 for c in parts.cameras})  # when, rows, frames per camera
         self.fps = 0.0  # results per second over the last interval, for the status line
+        # remote configuration (lifecycle/remote.py's summary: the versions in force by source), when on
+        self.remote_config: Callable[[], dict[str, Any]] | None = None
 
     def record(self, r: Result) -> None:
         self.cam_latency[r.camera].add(r.capture_to_result_ms)
@@ -111,6 +114,7 @@ class Telemetry:
             if key in sensors:
                 memory[key] = sensors.pop(key)
         package = parts.models.package
+        remote = self.remote_config() if self.remote_config is not None else {}
         return {
             "schema": TELEMETRY_SCHEMA,
             "device": cfg.device_id,
@@ -137,6 +141,7 @@ class Telemetry:
             "governor": gov,
             "sensors": sensors,
             "ota": parts.ota.stats() if parts.ota is not None else None,
+            **({"config": remote} if remote.get("versions") else {}),  # only with documents in force
         }
 
     def summary(self, stop_reason: str, failure: str) -> RunSummary:

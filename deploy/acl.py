@@ -23,6 +23,8 @@ _BACKEND_ROWS: tuple[Grant, ...] = (
     ("topic", "backend", "command"),
     ("topic", "backend", "ota_data"),
     ("topic", "backend", "group_offer"),
+    ("topic", "backend", "config_desired"),
+    ("topic", "backend", "config_group"),
     ("topic", "backend", "push_sync"),
     ("topic", "backend", "backend"),
 )
@@ -53,8 +55,17 @@ SITE: Layout = (
 # per-camera states and its own discovery configs (the node id is the device id).""",
     ("pattern", "device", "ha_state"),
     ("pattern", "device", "ha_discovery"),
+    "# Home Assistant's pause switches and snapshot buttons (within the commands above)",
+    ("pattern", "device", "ha_pause"),
+    ("pattern", "device", "ha_snapshot"),
     "# a rollout's retained offer to a group (…/_groups/<group>/ota): read by every device, signed as every offer",
     ("pattern", "device", "group_offer"),
+    """\
+# remote configuration (`edged config push`): a signed document for the device itself and for each group,
+# both retained, read by the device (which checks the signature); the outcome on its own …/config/state""",
+    ("pattern", "device", "config_desired"),
+    ("pattern", "device", "config_group"),
+    ("pattern", "device", "config_state"),
     """
 # The site's backend (CN = backend, `edged certs backend`; no device may be named so): reads every
 # device (results, status and its last will, group discovery, replies, OTA requests and status), sends
@@ -65,12 +76,17 @@ topic read {p}/#""",
     *_BACKEND_ROWS,
     """
 # Home Assistant's MQTT integration (CN = homeassistant, `edged certs device homeassistant`): reads the
-# discovery configs, the devices' states and availability, and announces its own birth (its status).
+# discovery configs, the devices' states, availability, telemetry and snapshots, announces its own birth
+# (its status), and sends two verbs and no other: a camera's pause switch and its snapshot button.
 user homeassistant
 topic read homeassistant/#""",
     ("topic", "homeassistant", "ha_birth"),
     ("topic", "homeassistant", "status"),
     ("topic", "homeassistant", "ha_state"),
+    ("topic", "homeassistant", "telemetry"),
+    ("topic", "homeassistant", "snapshot"),
+    ("topic", "homeassistant", "ha_pause"),
+    ("topic", "homeassistant", "ha_snapshot"),
 )
 
 _CENTRAL_HEAD = """\

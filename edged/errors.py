@@ -108,6 +108,7 @@ class Code(str, Enum):
     # --- swaps and rollbacks (events: model_rejected, model_rolled_back)
     GOLDEN_INVALID = "golden_invalid"  # the package's golden files are unreadable
     GOLDEN_MISMATCH = "golden_mismatch"  # the model's output differs from its golden output
+    FOLD_MISMATCH = "fold_mismatch"  # a folded model's outputs differ from the unfolded model's (edged model fold)
     INPUT_CHANGED = "input_changed"  # the model takes another input than the one being served
     OTHER_MODEL = "other_model"  # a package of another model than the one this daemon serves
     ROLLED_BACK = "rolled_back"  # a rollback without a more precise reason
@@ -131,6 +132,7 @@ class Code(str, Enum):
     RETAINED_IGNORED = "retained_ignored"  # a retained command that is not idempotent is not acted on
     BAD_RESPONSE_TOPIC = "bad_response_topic"  # a response topic outside the device's reply topics
     BUSY = "busy"  # too many commands waiting, or another OTA transfer runs
+    UNKNOWN_DOCUMENT = "unknown_document"  # diagnose: no document of that id held (expired or replaced): ask again
     FAILED = "failed"  # a command or transfer failed unexpectedly (the message says why)
     NOT_SUPPORTED = "not_supported"  # this daemon cannot do that (no model store, no config file)
     UNKNOWN_CAMERA = "unknown_camera"  # no camera of that name

@@ -41,10 +41,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Folded(_Strict):
+    """The model's own input before its preprocessing was folded into the graph (models/fold.py): what the
+    graph's first nodes now compute from uint8 BGR pixels, NHWC, at the model's size."""
+
+    name: str
+    dtype: Literal["float32", "float16", "uint8"]
+    layout: Literal["NCHW", "NHWC"]
+    color: Literal["RGB", "BGR"]
+    scale: float
+    mean: list[float] = Field(min_length=3, max_length=3)
+    std: list[float] = Field(min_length=3, max_length=3)
+
+
 class InputSpec(_Strict):
     """How a camera frame becomes one row of the model's input tensor.
 
-    value = (pixel * scale - mean[c]) / std[c], per channel in `color` order.
+    value = (pixel * scale - mean[c]) / std[c], per channel in `color` order. A uint8 input takes the pixels
+    as they are (scale, mean and std unused). `folded`: the preprocessing is in the graph (models/fold.py);
+    the input is then uint8 BGR pixels, NHWC, and the camera side only letterboxes.
     """
 
     name: str
@@ -61,6 +76,10 @@ class InputSpec(_Strict):
     # LetterBox; absent from the manifest), or at the top left with the padding bottom/right and its
     # size truncated (YOLOX's own preproc, int(w * r))
     letterbox: Literal["center", "topleft"] | None = None
+    # the preprocessing folded into the graph (absent: as the fields above say, done on the camera side).
+    # Also the gate for older devices: their manifests forbid unknown keys, so they refuse a folded package
+    # at its offer, naming input.folded
+    folded: Folded | None = None
 
     @field_validator("shape")
     @classmethod
@@ -78,7 +97,27 @@ class InputSpec(_Strict):
             )
         if len(self.mean) != want or len(self.std) != want or any(s == 0 for s in self.std):
             raise ValueError(f"mean and std need {want} values each, std non-zero")
+        if self.folded is not None:
+            plain = (self.dtype, self.layout, self.color, self.scale, self.mean, self.std)
+            if plain != ("uint8", "NHWC", "BGR", 1.0, [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]):
+                raise ValueError(
+                    "a folded input takes uint8 BGR pixels, NHWC, scale 1, mean 0, std 1 (the graph does the rest: "
+                    f"folded says what), not {self.dtype} {self.layout} {self.color} scale {self.scale:g} "
+                    f"mean {self.mean} std {self.std}"
+                )
+            if any(s == 0 for s in self.folded.std):
+                raise ValueError("folded.std must be non-zero")
         return self
+
+    def unfolded(self) -> InputSpec:
+        """The spec of the model before its preprocessing was folded in (itself when it was not)."""
+        f = self.folded
+        if f is None:
+            return self
+        b, h, w = self.batch, self.height, self.width
+        shape = [b, 3, h, w] if f.layout == "NCHW" else [b, h, w, 3]
+        fields = f.model_dump() | {"shape": shape, "folded": None}
+        return self.model_copy(update=fields)
 
     @property
     def batch(self) -> int:

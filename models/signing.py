@@ -106,9 +106,10 @@ class TrustStore:
                 keys[key_id(raw)] = raw
         return cls(keys)
 
-    def verify(self, manifest_bytes: bytes, sig_bytes: bytes, where: str) -> str:
+    def verify(self, manifest_bytes: bytes, sig_bytes: bytes, where: str, signed: str = "manifest.json") -> str:
         """Check manifest.sig against these exact bytes; return the key id. Unknown key and bad
-        signature are distinct errors (`unknown_key`, `bad_signature`)."""
+        signature are distinct errors (`unknown_key`, `bad_signature`). `signed`: what the bytes are, as the
+        error names them (a remote config document's, too: the same ``edged.sig/1`` over its exact bytes)."""
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -140,7 +141,7 @@ class TrustStore:
             Ed25519PublicKey.from_public_bytes(raw).verify(sig, manifest_bytes)
         except InvalidSignature as exc:
             raise PackageError(
-                f"{where}: the signature by key {kid} does not match manifest.json (altered after signing?)",
+                f"{where}: the signature by key {kid} does not match {signed} (altered after signing?)",
                 code=Code.BAD_SIGNATURE,
             ) from exc
         return kid

@@ -10,7 +10,9 @@ exact mismatch before any device runs it, not when the daemon starts:
   which compares their count and shapes with what the decoder reads, and the class count with the
   labels (the manifest's list, else its labels file: package.py reads it);
 - each of the package's smaller batches (``extra_batches``): the same input at its batch, the same
-  outputs with as many rows.
+  outputs with as many rows;
+- a folded input (``input.folded``, models/fold.py): some node of each model file computes the model's own
+  input from the pixels.
 
 ONNX is imported here lazily: the device's runtime never loads it (an engine package is checked
 against its TensorRT bindings by the daemon instead).
@@ -135,12 +137,29 @@ def check_package(pkg: Package, outputs_check: OutputsCheck | None = None) -> Si
         return None
     sig = onnx_signature(pkg.model_path)
     check_input(m.input, sig.inputs, str(pkg.model_path))
+    if m.input.folded is not None:
+        for path in pkg.batch_paths.values():
+            check_folded_graph(path, m.input.folded.name)
     if outputs_check is not None:
         outputs_check(pkg, sig.output_shapes())
     for b, path in pkg.batch_paths.items():
         if b != m.input.batch:
             check_smaller_batch(m.input, b, sig, onnx_signature(path), str(path))
     return sig
+
+
+def check_folded_graph(path: Path, inner: str) -> None:
+    """A folded package's model computes its own input (`input.folded.name`) from the pixels: some node of the
+    graph outputs it (its values are the golden pair's to check: models/fold.py)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    if not any(inner in node.output for node in model.graph.node):
+        raise PackageError(
+            f"{path}: the manifest says the preprocessing is folded into the graph, but no node computes the "
+            f"model's own input {inner!r} (input.folded.name)",
+            code=Code.SIGNATURE_MISMATCH,
+        )
 
 
 def batch_spec(spec: InputSpec, batch: int) -> InputSpec:

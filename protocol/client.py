@@ -26,6 +26,7 @@ from paho.mqtt.properties import Properties
 from edged.errors import ConfigError
 
 from .backoff import Backoff
+from .topics import STATUS_EXPIRY_S
 
 MAX_PAYLOAD_BYTES = 256 * 1024
 PACKET_HEADROOM = 64 * 1024  # an incoming packet's fixed header, topic and properties around its payload
@@ -99,7 +100,10 @@ def make_client(
     # spooled rows there (daemon/delivery/publisher.py), so 1.5 windows stay for status, replies, model and OTA state
     client.max_queued_messages_set(cfg.max_inflight * 3)
     if will is not None:
-        client.will_set(will[0], will[1], qos=1, retain=True)
+        # `edged fleet`: the interval left when a subscriber gets the will says when the broker published it
+        props = Properties(PacketTypes.WILLMESSAGE)  # type: ignore[no-untyped-call]
+        props.MessageExpiryInterval = STATUS_EXPIRY_S
+        client.will_set(will[0], will[1], qos=1, retain=True, properties=props)
     return client
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from edged.errors import Code, CommandError
 
-from .schemas import REPLY_SCHEMA
+from .schemas import DIAGNOSE_SCHEMA, REPLY_SCHEMA
 
 MAX_COMMAND_BYTES = 16 * 1024
 MAX_DEPTH = 16
@@ -109,4 +109,55 @@ def reply_doc(verb: str, result: dict[str, Any] | None = None, error: CommandErr
         doc["result"] = result or {}
     else:
         doc["error"] = {"code": error.code, "message": str(error)[:MAX_MESSAGE_CHARS]}
+    return doc
+
+
+# --- diagnose: a document larger than one message, in parts ----------------------------------------
+# ``diagnose`` ({"lines": N}) builds the device's diagnostics document once, holds it, and replies with part 0;
+# the asker then sends ``{"id": <id>, "part": k}`` for k = 1 … parts-1 (any order, again after a loss).
+# Each part's result is ``{"id", "part", "parts", "sha256", "data"}``: `data` is the k-th slice of the
+# document's JSON text (ASCII), so joining every part's `data` in part order gives the text back, whose
+# SHA-256 is `sha256`. PART_CHARS keeps a reply under the message cap (protocol/client.py
+# MAX_PAYLOAD_BYTES, 256 KiB) even when JSON escapes every character of a slice (``"`` → ``\\"``).
+DIAGNOSE_VERB = "diagnose"
+PART_CHARS = 96 * 1024
+DIAGNOSE_MAX_LINES = 2000
+
+
+def split_parts(text: str, part_chars: int = PART_CHARS) -> list[str]:
+    """`text` in slices of at most `part_chars` characters (one empty slice for an empty text)."""
+    if part_chars < 1:
+        raise ValueError(f"part_chars must be >= 1, not {part_chars}")
+    return [text[i : i + part_chars] for i in range(0, len(text), part_chars)] or [""]
+
+
+def join_parts(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The diagnostics document from every part's reply result (any order); CommandError when a part is
+    missing, repeated with other data, of another document, or the text does not match its SHA-256."""
+    import hashlib
+
+    if not results:
+        raise CommandError(Code.INVALID_ARGUMENTS, "no parts")
+    first = results[0]
+    n, ident, digest = first.get("parts"), first.get("id"), first.get("sha256")
+    if not isinstance(n, int) or n < 1:
+        raise CommandError(Code.INVALID_ARGUMENTS, f"a part names {n!r} parts")
+    slices: dict[int, str] = {}
+    for r in results:
+        if (r.get("id"), r.get("parts"), r.get("sha256")) != (ident, n, digest):
+            raise CommandError(Code.INVALID_ARGUMENTS, f"part {r.get('part')} is of another document")
+        k, data = r.get("part"), r.get("data")
+        if not isinstance(k, int) or not 0 <= k < n or not isinstance(data, str):
+            raise CommandError(Code.INVALID_ARGUMENTS, f"part {k!r} of {n}: not a part")
+        if slices.setdefault(k, data) != data:
+            raise CommandError(Code.INVALID_ARGUMENTS, f"part {k} came twice with different data")
+    missing = [k for k in range(n) if k not in slices]
+    if missing:
+        raise CommandError(Code.INVALID_ARGUMENTS, f"parts missing: {missing[:10]} of {n}")
+    text = "".join(slices[k] for k in range(n))
+    if hashlib.sha256(text.encode()).hexdigest() != digest:
+        raise CommandError(Code.INVALID_ARGUMENTS, "the joined parts do not match their SHA-256")
+    doc = json.loads(text)
+    if not isinstance(doc, dict) or doc.get("schema") != DIAGNOSE_SCHEMA:
+        raise CommandError(Code.INVALID_ARGUMENTS, f"not an {DIAGNOSE_SCHEMA} document")
     return doc

@@ -28,7 +28,19 @@ OTA_REQUEST_SCHEMA = "edged.ota_request/1"  # ota/req; likewise
 OTA_CHUNK_HEADER_SCHEMA = "edged.ota_chunk/1"  # an ota/data chunk's header; likewise
 HA_STATE_SCHEMA = "edged.ha_state/1"  # …/ha/<camera>, Home Assistant's state topic
 HA_SENSOR_SCHEMA = "homeassistant.sensor-discovery"  # Home Assistant's discovery config, as its docs define it
+# the other components' discovery configs (issue 32 item 5), one schema each: by component
+HA_DISCOVERY_SCHEMAS = {
+    "sensor": HA_SENSOR_SCHEMA,
+    "binary_sensor": "homeassistant.binary-sensor-discovery",
+    "switch": "homeassistant.switch-discovery",
+    "button": "homeassistant.button-discovery",
+    "camera": "homeassistant.camera-discovery",
+}
 GROUP_OFFER_SCHEMA = "edged.group_offer/1"  # <prefix>/_groups/<group>/ota (retained)
+CONFIG_DOCUMENT_SCHEMA = "edged.config_document/1"  # …/config/desired, <prefix>/_groups/<g>/config (retained)
+CONFIG_SCHEMA = "edged.config/1"  # the signed document inside it (protocol/config_doc.py)
+CONFIG_STATE_SCHEMA = "edged.config_state/1"  # …/config/state (retained)
+DIAGNOSE_SCHEMA = "edged.diagnose/1"  # the `diagnose` verb's document, joined from its parts (protocol/commands.py)
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 # schema id -> its file in SCHEMA_DIR
@@ -44,10 +56,18 @@ FILES = {
     OTA_OFFER_SCHEMA: "ota_offer.schema.json",
     OTA_CANCEL_SCHEMA: "ota_cancel.schema.json",
     GROUP_OFFER_SCHEMA: "group_offer.schema.json",
+    CONFIG_DOCUMENT_SCHEMA: "config_document.schema.json",
+    CONFIG_SCHEMA: "config.schema.json",
+    CONFIG_STATE_SCHEMA: "config_state.schema.json",
     OTA_REQUEST_SCHEMA: "ota_request.schema.json",
     OTA_CHUNK_HEADER_SCHEMA: "ota_chunk.schema.json",
     HA_STATE_SCHEMA: "ha_state.schema.json",
+    DIAGNOSE_SCHEMA: "diagnose.schema.json",
     HA_SENSOR_SCHEMA: "homeassistant_sensor.schema.json",
+    "homeassistant.binary-sensor-discovery": "homeassistant_binary_sensor.schema.json",
+    "homeassistant.switch-discovery": "homeassistant_switch.schema.json",
+    "homeassistant.button-discovery": "homeassistant_button.schema.json",
+    "homeassistant.camera-discovery": "homeassistant_camera.schema.json",
 }
 
 STATUS_STATES = ("online", "offline", "stopped")  # offline is the last will

@@ -20,9 +20,15 @@ MODEL_STATE = "model/state"
 OTA_REQUEST = "ota/req"
 OTA_DATA = "ota/data"
 OTA_STATUS = "ota/status"
+CONFIG_DESIRED = "config/desired"  # a device's signed config document (retained); groups': <prefix>/_groups/<g>/config
+CONFIG_STATE = "config/state"  # the outcome of the last config document (retained)
 GROUPS = "_groups"  # a group's retained offer: <prefix>/_groups/<group>/ota
 PUSH = "_push"  # an ``edged push``'s replies under each device's own reply namespace: …/reply/_push/<transfer>
 MAX_TOPIC_BYTES = 1024  # the longest response topic a device replies on
+# The MQTT v5 Message Expiry Interval of a device's retained status and its last will (about 136 years: never
+# expires): a subscriber gets the interval left, so STATUS_EXPIRY_S - left is how many seconds ago the broker
+# published it (`edged fleet`: when a device went offline).
+STATUS_EXPIRY_S = 0xFFFFFFFE
 
 Who = Literal["device", "backend", "homeassistant", "bridge"]
 
@@ -60,11 +66,11 @@ TOPICS: tuple[Topic, ...] = (
           "edged.result/2 (*mqtt.qos)", bridged=True),
     Topic("events", "…/events", "{p}/{d}/events", "out", "1", False, "device", (),
           "edged.event/1 (object events too)", bridged=True),
-    Topic("telemetry", "…/telemetry", "{p}/{d}/telemetry", "out", "0", True, "device", (),
+    Topic("telemetry", "…/telemetry", "{p}/{d}/telemetry", "out", "0", True, "device", (_HA,),
           "edged.telemetry/1", bridged=True),
     Topic("model_state", "…/model/state", "{p}/{d}/model/state", "out", "1", True, "device", (),
           "edged.model-state/1", bridged=True),
-    Topic("snapshot", "…/snapshot/<camera>", "{p}/{d}/snapshot/+", "out", "0", False, "device", (),
+    Topic("snapshot", "…/snapshot/<camera>", "{p}/{d}/snapshot/+", "out", "0", False, "device", (_HA,),
           "a JPEG", bridged=True),
     Topic("command", "…/cmd/<verb>", "{p}/{d}/cmd/+", "in", "1", False, "backend", ("device",),
           "the verb's arguments (a JSON object)", bridged=True),
@@ -82,12 +88,26 @@ TOPICS: tuple[Topic, ...] = (
           "edged.ota/1", bridged=True),
     Topic("ha_state", "…/ha/<camera>", "{p}/{d}/ha/+", "out", "1", True, "device", (_HA,),
           "counts per label and the last object event (Home Assistant's state topic; optional)"),
-    Topic("ha_discovery", "<discovery_prefix>/sensor/<device_id>/<unique_id>/config",
-          "homeassistant/sensor/{d}/+/config", "out", "1", True, "device", (_HA,),
-          "a Home Assistant MQTT discovery config (schemas/homeassistant_sensor.schema.json)"),
+    Topic("ha_discovery", "<discovery_prefix>/<component>/<device_id>/<unique_id>/config",
+          "homeassistant/+/{d}/+/config", "out", "1", True, "device", (_HA,),
+          "a Home Assistant MQTT discovery config (schemas/homeassistant_<component>.schema.json)"),
+    Topic("ha_pause", "…/cmd/pause (Home Assistant)", "{p}/{d}/cmd/pause", "in", "1", False, "homeassistant",
+          ("device",), "a camera's pause switch: {\"camera\": C} pauses it, {\"camera\": C, \"paused\": false} "
+          "resumes it (within …/cmd/<verb>)"),
+    Topic("ha_snapshot", "…/cmd/snapshot (Home Assistant)", "{p}/{d}/cmd/snapshot", "in", "1", False,
+          "homeassistant", ("device",), "a camera's snapshot button: {\"camera\": C} (within …/cmd/<verb>)"),
     Topic("group_offer", "<prefix>/_groups/<group>/ota", "{p}/_groups/+/ota", "in", "1", True, "backend",
           ("device",), "edged.group_offer/1: a rollout's signed offer to every device of the group "
           "(`edged push`)", bridged=True),
+    Topic("config_desired", "…/config/desired", "{p}/{d}/config/desired", "in", "1", True, "backend",
+          ("device",), "edged.config_document/1: a signed config document for one device (`edged config push`)",
+          bridged=True),
+    Topic("config_group", "<prefix>/_groups/<group>/config", "{p}/_groups/+/config", "in", "1", True, "backend",
+          ("device",), "edged.config_document/1: a signed config document for every device of the group "
+          "(`edged config push --group`)", bridged=True),
+    Topic("config_state", "…/config/state", "{p}/{d}/config/state", "out", "1", True, "device", (),
+          "edged.config_state/1: the outcome of the last config document (applied, refused, reverted)",
+          bridged=True),
     Topic("push_sync", "<prefix>/_push/<transfer>/sync", "{p}/_push/+/sync", "-", "1", False, "backend", (_B,),
           "discovery's fence: an `edged push` reads its own message back once every retained status "
           "queued before it has arrived"),
@@ -193,6 +213,21 @@ def group_offer(prefix: str, group: str) -> str:
     """A group's retained, signed offer (``edged push --group G`` publishes it when the rollout reaches its
     last wave): a device of the group that was offline takes it when it connects again."""
     return f"{prefix}/{GROUPS}/{group}/ota"
+
+
+def config_desired(root: str) -> str:
+    """One device's retained, signed config document (``edged config push --device``)."""
+    return f"{root}/{CONFIG_DESIRED}"
+
+
+def config_group(prefix: str, group: str) -> str:
+    """A group's retained, signed config document (``edged config push --group``)."""
+    return f"{prefix}/{GROUPS}/{group}/config"
+
+
+def config_state(root: str) -> str:
+    """A device's retained outcome of the last config document."""
+    return f"{root}/{CONFIG_STATE}"
 
 
 def push_sync(prefix: str, transfer: str) -> str:

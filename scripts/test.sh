@@ -7,6 +7,14 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
+# Test-only Debian packages (the demo does not need them): a headless Chromium for the live view's
+# browser test (tests/test_liveview.py), installed with no recommends.
+if ! command -v chromium-headless-shell >/dev/null && ! command -v chromium >/dev/null; then
+  echo "test: installing chromium-headless-shell (the live view's browser test)"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium-headless-shell >/dev/null
+fi
 
 echo "test: ruff"
 .venv/bin/ruff check .

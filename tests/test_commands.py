@@ -203,13 +203,14 @@ def test_commands_end_to_end(broker, subscribe, start_daemon, demo: DemoAssets, 
             assert cli.call("snapshot", payload)["error"]["code"] == code
         assert cli.call("reboot")["error"]["code"] == "unknown_verb"
 
-        # reload: a new threshold applies live; a camera change needs a restart
+        # reload: a new threshold applies live; so does a camera's fps_max (the camera reopens with it)
         changed = yaml.safe_load(cfg.read_text())
         changed["detection"]["score_threshold"] = 0.9
         changed["cameras"][0]["fps_max"] = 5
         cfg.write_text(yaml.safe_dump(changed))
         rel = cli.call("reload")
-        assert rel["ok"] and "detection" in rel["result"]["applied"] and rel["result"]["restart_needed"] == ["cameras"]
+        assert rel["ok"] and "detection" in rel["result"]["applied"] and rel["result"]["restart_needed"] == []
+        assert rel["result"]["reopened"] == ["cam"]
         cfg.write_text("device_id: [broken")
         assert cli.call("reload")["error"]["code"] == "config_invalid"
         d.proc.send_signal(signal.SIGHUP)  # SIGHUP reloads too; a broken file keeps the running config

@@ -275,3 +275,111 @@ def test_broker_away_at_start_then_appears(subscribe, start_daemon, demo: DemoAs
         assert got == list(range(1, got[-1] + 1)) and got[-1] >= 40
     finally:
         broker.stop()
+
+
+# --- the result's bytes, encoded without building the document (daemon/delivery/payload.py) ------------------
+
+
+def _result(dets: list[Any], **kw: Any) -> Any:
+    from edged.daemon.capture.camera import FrameMeta
+    from edged.daemon.capture.preprocess import Transform
+    from edged.daemon.inference import Result
+
+    t = Transform(0.5, 0.5, 0.0, 12.0, kw.pop("width", 960), 540)
+    meta = FrameMeta(kw.pop("frame", 17), kw.pop("captured_at", 1_764_000_000.1234567), 100.0, t, 100.0)
+    return Result(
+        kw.pop("camera", "cam0"),
+        meta,
+        dets,
+        kw.pop("infer_ms", 12.3456),
+        kw.pop("done_mono", 100.0423),
+        kw.pop("name", "blazeface-back"),
+        kw.pop("version", 3),
+    )
+
+
+def test_result_bytes_are_the_documents_bytes_on_real_and_made_up_results(demo: DemoAssets) -> None:
+    """result_bytes writes exactly what dumps(result_payload(...)) writes: real detections of the demo model on a
+    real frame, then values chosen to be awkward (NumPy floats, long and negative numbers, escapes and non-ASCII
+    in names, tracks and zones, no detections, a float that is not finite, which takes the long way)."""
+    import random
+
+    import cv2
+    import numpy as np
+
+    from edged.daemon.backends import OnnxRuntimeBackend
+    from edged.daemon.capture.preprocess import Preprocessor
+    from edged.daemon.decoders import DecodeOptions, build_decoder
+    from edged.daemon.decoders.base import Detection
+    from edged.daemon.delivery.payload import result_bytes, result_payload
+    from edged.protocol.schemas import dumps
+
+    def same(r: Any, device: str = "dev-1", boot: str = "b" * 32, seq: int = 1) -> bytes:
+        got = result_bytes(r, device, boot, seq)
+        assert got == dumps(result_payload(r, device, boot, seq))
+        return got
+
+    pkg = demo.packages["blazeface-back"]
+    m = pkg.manifest
+    cap = cv2.VideoCapture(str(demo.video))
+    cap.set(cv2.CAP_PROP_POS_FRAMES, 150)  # two people in view
+    pre = Preprocessor(m.input)
+    batch = np.zeros(m.input.shape, pre.new_row().dtype)
+    tfs = [pre.run(cap.read()[1], batch[i]) for i in range(m.input.batch)]
+    cap.release()
+    with OnnxRuntimeBackend(pkg.model_path, threads=1) as be:
+        out = be.infer({m.input.name: batch})
+        decoder = build_decoder(m.decoder, m.input, m.labels, {o.name: o.shape for o in be.outputs})
+    rows = decoder.decode(out, tfs, DecodeOptions(score_threshold=0.5))
+    assert sum(len(r) for r in rows) >= 2, "the demo frames should show faces"
+    for seq, row in enumerate(rows, 1):
+        doc = json.loads(same(_result(row), seq=seq))
+        assert [d["score"] for d in doc["detections"]] == [round(d.score, 4) for d in row]
+
+    rnd = random.Random(34)
+    for i in range(300):
+        dets = [
+            Detection(
+                rnd.choice(["face", "person", 'quo"te\\', "caf\u00e9", "\u732b", "tab\t"]),
+                rnd.randrange(0, 90),
+                rnd.choice([rnd.random(), float(np.float64(rnd.random())), 1.0, 0.99995, 1e-7]),
+                tuple(
+                    rnd.choice([rnd.uniform(-1e4, 1e4), np.float64(rnd.uniform(0, 960)), 0.05, 5e-324]) for _ in "xyxy"
+                ),
+                rnd.choice([None, rnd.randrange(1, 10**12)]),
+                tuple(rnd.sample(["door", "yard", "\u00e9t\u00e9"], rnd.randrange(0, 3))),
+            )
+            for _ in range(rnd.randrange(0, 5))
+        ]
+        r = _result(
+            dets,
+            frame=rnd.randrange(0, 10**9),
+            captured_at=rnd.uniform(0, 4e9),
+            infer_ms=rnd.choice([rnd.uniform(0, 500), np.float64(3.14159), 0.0]),
+            done_mono=100.0 + rnd.uniform(-1, 10),
+            camera=rnd.choice(["cam0", "porte d\u2019entr\u00e9e", 'a"b']),
+            name=rnd.choice(["blazeface-back", "yolo\u00e9"]),
+            version=rnd.choice([1, 7, "2"]),
+        )
+        same(r, device=rnd.choice(["dev-1", "d\u00e9v"]), boot=rnd.choice(["0" * 32, "f" * 32]), seq=i)
+    nan = _result([Detection("face", 0, float("nan"), (0.0, 1.0, 2.0, float("inf")))])
+    assert b"NaN" in same(nan) and b"Infinity" in same(nan)  # json's own spelling
+
+
+def test_the_kept_seconds_write_the_same_time_stamps_as_iso() -> None:
+    """payload._iso keeps each second's text and rounds the microseconds as datetime does: the same text as
+    schemas.iso at the edges of a millisecond, a second, a day and a year, before the epoch, and at random."""
+    import random
+
+    from edged.daemon.delivery.payload import _iso
+    from edged.protocol.schemas import iso
+
+    edges = [0.0, 0.0005, 0.0004999, 0.9995, 0.99949999, 0.9999994, 0.9999995, 0.9999996, 0.5e-6, 1.5e-6, 2.5e-6]
+    bases = [0, 59, 86_399, 1_767_225_599, 1_764_000_000, 4_102_444_799, -86_400]
+    stamps = [b + e for b in bases for e in edges] + [-0.0004, 253_402_300_799.5]
+    rnd = random.Random(34)
+    stamps += [rnd.uniform(0, 4.2e9) for _ in range(20_000)] + [
+        rnd.randrange(0, 4 * 10**9) / 1000 for _ in range(5_000)
+    ]
+    wrong = [(ts, _iso(ts), iso(ts)) for ts in stamps if _iso(ts) != iso(ts)]
+    assert not wrong, wrong[:5]

@@ -65,3 +65,23 @@ def test_grey_frames_are_accepted_and_sizes_may_change() -> None:
 def test_input_spec_rejects_mismatched_channels() -> None:
     with pytest.raises(ValueError, match="has 4 channels"):
         spec(shape=[1, 8, 8, 4])
+
+
+@pytest.mark.parametrize("size", [(100, 200), (200, 100), (64, 64), (30, 50)])
+@pytest.mark.parametrize("resize", ["letterbox", "stretch"])
+@pytest.mark.parametrize("align", ["center", "topleft"])
+def test_pixels_rows_are_the_letterboxed_frame_in_one_pass(size: tuple[int, int], resize: str, align: str) -> None:
+    """A uint8 BGR NHWC input (a folded model's) is resized straight into the row with the border painted:
+    bit for bit what the canvas path gives, and the border is repainted when the source size changes."""
+    rng = np.random.default_rng(0)
+    pixels = spec(dtype="uint8", color="BGR", resize=resize, letterbox=align, pad_value=114)
+    canvas = spec(dtype="uint8", color="RGB", resize=resize, letterbox=align, pad_value=114)  # the general path
+    fast, ref = Preprocessor(pixels), Preprocessor(canvas)
+    assert fast.pixels and not ref.pixels
+    row, want = fast.new_row(), ref.new_row()
+    row[:] = 7  # whatever a slot held before
+    for h, w in (size, (size[1] + 13, size[0] + 7)):  # a second source size: another border
+        frame = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        t_fast, t_ref = fast.run(frame, row), ref.run(frame, want)
+        assert t_fast == t_ref
+        assert np.array_equal(row, want[..., ::-1])

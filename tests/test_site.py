@@ -215,7 +215,12 @@ def test_every_flow_through_the_shipped_acl(
     wait_until(lambda: "edged/cam-01/ha/lobby" in topics(ha_seen), 20, "the camera's Home Assistant state")
     configs = [m for m in list(ha_seen) if m.topic.startswith("homeassistant/sensor/cam-01/")]
     assert configs and all(m.topic.endswith("/config") for m in configs), topics(ha_seen)
-    assert all(json.loads(m.payload)["state_topic"] == "edged/cam-01/ha/lobby" for m in configs)
+    docs = [json.loads(m.payload) for m in configs]  # the camera's sensors, and the device's diagnostic ones
+    assert all(d["state_topic"] == "edged/cam-01/ha/lobby" for d in docs if "entity_category" not in d)
+    assert {d["state_topic"] for d in docs if "entity_category" in d} == {
+        "edged/cam-01/telemetry",
+        "edged/cam-01/status",
+    }
     assert "edged/cam-01/status" in topics(ha_seen)
     assert not any("/results/" in t or "/telemetry" in t for t in topics(ha_seen))
     ha_seen.clear()  # the configs are retained: a Home Assistant that (re)subscribes gets them again

@@ -101,6 +101,11 @@ def test_every_row_is_built_by_its_builder() -> None:
         "ha_discovery": topics.ha_discovery("homeassistant", "sensor", "cam-1", "cam-1_door"),
         "group_offer": topics.group_offer("edged", "lobby"),
         "push_sync": topics.push_sync("edged", "t1"),
+        "config_desired": topics.config_desired(root),
+        "config_group": topics.config_group("edged", "lobby"),
+        "config_state": topics.config_state(root),
+        "ha_pause": topics.command(root, "pause"),
+        "ha_snapshot": topics.command(root, "snapshot"),
     }
     for key, topic in built.items():
         row = BY_KEY[key]

@@ -56,10 +56,13 @@ class Throttle:
         self.fps_scale = 1.0
         self.governor_paused = False
         self.user_paused = False  # the `pause` / `resume` commands
+        self.paused_cameras: frozenset[str] = frozenset()  # `pause {"camera": …}`: these offer nothing (replaced whole)
+        self.camera_names: set[str] = set()  # every camera's (each adds its own): all paused is a pause
 
     @property
     def paused(self) -> bool:
-        return self.governor_paused or self.user_paused
+        every = bool(self.camera_names) and self.camera_names <= self.paused_cameras
+        return self.governor_paused or self.user_paused or every
 
     def set(self, fps_scale: float, paused: bool) -> None:
         self.fps_scale, self.governor_paused = fps_scale, paused
@@ -133,6 +136,7 @@ class Camera:
         self.bound = FrameBound(cfg.name, cfg.max_frame_pixels)  # its sources refuse (and count) larger frames
         self._opener = opener or (lambda c: open_source(c, pre.inner_size, stop, self.bound))
         self.throttle = throttle or Throttle()
+        self.throttle.camera_names.add(cfg.name)
         self.rows = [pre.new_row() for _ in range(3)]
         self._meta: list[FrameMeta | None] = [None, None, None]
         self._free = [0, 1, 2]
@@ -156,6 +160,7 @@ class Camera:
         # the source call this thread is inside (open, read, close) and since when (monotonic); None between
         self._call: tuple[str, float] | None = None
         self.stuck_after_s = stuck_after_s(cfg.stall_timeout_s)
+        self._next_cfg: CameraConfig | None = None  # `reconfigure`: the config the next open takes
         self._thread = threading.Thread(target=self._run, name=f"camera-{cfg.name}", daemon=True)
 
     def in_call(self, now: float | None = None) -> tuple[str, float]:
@@ -244,6 +249,31 @@ class Camera:
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
+    def reconfigure(self, cfg: CameraConfig) -> None:
+        """Reopen with `cfg` (a reload or a remote document changed the camera's uri, fps_max or another
+        capture key): the source open now is closed after its current read, a retry back-off is cut short."""
+        self._next_cfg = cfg
+
+    def _take_cfg(self) -> bool:
+        cfg, self._next_cfg = self._next_cfg, None
+        if cfg is None:
+            return False
+        logger.info("camera %s: reopening with its new settings (%s)", self.name, cfg.display)
+        self.cfg = cfg
+        self.stuck_after_s = stuck_after_s(cfg.stall_timeout_s)
+        return True
+
+    def _backoff_wait(self, seconds: float) -> bool:
+        """Wait out a retry's back-off, cut short by `reconfigure`; True when the camera is to stop."""
+        deadline = time.monotonic() + seconds
+        while self._next_cfg is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if self._stop.wait(min(left, 0.2)):
+                return True
+        return self._stop.is_set()
+
     def _run(self) -> None:
         # full jitter: cameras behind one switch that came back do not all reopen at the same instant
         backoff = Backoff(self.cfg.reconnect_min_s, max(self.cfg.reconnect_min_s, self.cfg.reconnect_max_s))
@@ -258,6 +288,8 @@ class Camera:
         for warning in tls_warnings(self.cfg):
             logger.warning("camera %s: %s", self.name, warning)
         while not self._stop.is_set():
+            if self._take_cfg():
+                backoff = Backoff(self.cfg.reconnect_min_s, max(self.cfg.reconnect_min_s, self.cfg.reconnect_max_s))
             self._call = ("open", time.monotonic())
             try:
                 source = self._opener(self.cfg)
@@ -273,7 +305,7 @@ class Camera:
                 self._call = None
                 self._down(reason)
                 failed_before = True
-                if self._stop.wait(backoff.next_s()):
+                if self._backoff_wait(backoff.next_s()):
                     break
                 continue
             self._call = None
@@ -302,7 +334,7 @@ class Camera:
             if got_frames:
                 backoff.reset()
             self._break = {"looped": "loop", "stalled": "stall"}.get(outcome, self._break or "reconnect")
-            if outcome == "looped":
+            if outcome in ("looped", "reconfigured"):
                 continue
             if outcome == "ended":
                 self.stats.state = "ended"
@@ -314,7 +346,7 @@ class Camera:
                 break
             self._down(reason or f"source {outcome}")
             failed_before = True
-            if self._stop.wait(backoff.next_s()):
+            if self._backoff_wait(backoff.next_s()):
                 break
         self.stats.state = "stopped"
 
@@ -335,7 +367,7 @@ class Camera:
 
     def _stream(self, source: Source) -> tuple[str, bool]:
         """Read until the source ends or fails. Returns (why, whether any frame came), why being
-        looped | ended | stopped | stalled | failed."""
+        looped | ended | stopped | stalled | failed | reconfigured."""
         is_file = self.cfg.uri.startswith("file://")
         native = source.fps if source.fps > 0 else self.cfg.fps_max
         paced = (is_file and self.cfg.realtime) or self.cfg.uri.startswith("synthetic://")
@@ -352,6 +384,8 @@ class Camera:
         next_due = last_frame = time.monotonic()
         next_keep = 0.0
         while not self._stop.is_set():
+            if self._next_cfg is not None:
+                return "reconfigured", index > 0
             if pace:
                 delay = next_due - time.monotonic()
                 if delay > 0 and self._stop.wait(delay):
@@ -384,8 +418,8 @@ class Camera:
             if is_file:  # a file's seconds are its own, however fast it is read
                 clock = self._played_s
                 self._played_s += 1.0 / native  # a reopen at another fps moves only what comes after
-            if self.throttle.paused:
-                continue  # paused by the governor: keep reading (health), offer nothing
+            if self.throttle.paused or self.cfg.name in self.throttle.paused_cameras:
+                continue  # paused by the governor or the pause command: keep reading (health), offer nothing
             gap = min_gap / self.throttle.fps_scale if min_gap else 0.0
             if now < next_keep - 0.25 * gap:
                 continue  # over the camera's (governed) fps cap; a quarter frame of jitter is tolerated

@@ -4,6 +4,10 @@ Runs in the camera threads, so the inference thread only copies finished rows in
 Driven by the model's input spec: letterbox (centred or top-left) or stretch resize, colour order, (x*scale - mean)/std,
 NCHW or NHWC. Uses OpenCV for the resize, the border and the colour conversion; every
 intermediate buffer is allocated once per camera (per source size) and reused.
+
+A model that takes the pixels as they come (uint8, BGR, NHWC: a package whose preprocessing is folded
+into its graph, models/fold.py) gets them resized straight into its row and the border painted around
+them: one pass over the frame, no canvas, no colour or float pass.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class Preprocessor:
         self._src_size: tuple[int, int] | None = None
         self._transform: Transform | None = None
         self._inner: tuple[slice, slice, tuple[int, int]] | None = None
+        # the row is the letterboxed frame itself (uint8 BGR NHWC: a folded model's input)
+        self.pixels = (spec.dtype, spec.layout, spec.color) == ("uint8", "NHWC", "BGR")
 
     def new_row(self) -> np.ndarray:
         return np.empty(self.row_shape, self.dtype)
@@ -98,13 +104,16 @@ class Preprocessor:
             frame = cv2.cvtColor(frame, cv2.COLOR_GRAY2BGR)
         h, w = frame.shape[:2]
         t, (ys, xs, size) = self._geometry(*(src_size or (w, h)))
+        if src_size is not None and (w, h) != size:
+            raise ValueError(f"a frame scaled from {src_size} must be {size}, not {(w, h)}")
+        if self.pixels:
+            self._letterbox(frame, out, ys, xs, size)
+            return t
         if (w, h) == size:  # scaled already (or the source is the model's size)
             self._canvas[ys, xs] = frame
         else:
             # Bilinear, as Ultralytics' letterbox and DeepStream scale: INTER_AREA antialiases better but
             # costs ~20x more on a 960x540 -> 256x144 downscale (3 ms against 0.15 ms here).
-            if src_size is not None:
-                raise ValueError(f"a frame scaled from {src_size} must be {size}, not {(w, h)}")
             if self._resized.shape[:2] != (size[1], size[0]):
                 self._resized = np.empty((size[1], size[0], 3), np.uint8)
             cv2.resize(frame, size, dst=self._resized, interpolation=cv2.INTER_LINEAR)
@@ -130,6 +139,20 @@ class Preprocessor:
             cv2.add(self._float, self._add, dst=self._float)  # type: ignore[call-overload]
             self._write(self._float, out)
         return t
+
+    def _letterbox(self, frame: np.ndarray, out: np.ndarray, ys: slice, xs: slice, size: tuple[int, int]) -> None:
+        """The frame resized straight into the row's inner rectangle (OpenCV writes through a strided view),
+        the border around it painted with the pad value."""
+        inner = out[ys, xs]
+        if frame.shape[1::-1] == size:
+            np.copyto(inner, frame)
+        elif cv2.resize(frame, size, dst=inner, interpolation=cv2.INTER_LINEAR) is not inner:
+            raise RuntimeError("cv2.resize did not write into the row it was given")  # an OpenCV that copies
+        pad = self.spec.pad_value
+        out[: ys.start] = pad
+        out[ys.stop :] = pad
+        out[ys, : xs.start] = pad
+        out[ys, xs.stop :] = pad
 
     def _write(self, src: np.ndarray, out: np.ndarray) -> None:
         if self.spec.layout == "NHWC":

@@ -52,6 +52,7 @@ from .runtime import MemoryConfig as MemoryConfig
 from .runtime import ModelConfig as ModelConfig
 from .runtime import OnnxRuntimeConfig as OnnxRuntimeConfig
 from .runtime import OtaConfig as OtaConfig
+from .runtime import RemoteConfigConfig as RemoteConfigConfig
 from .runtime import TelemetryConfig as TelemetryConfig
 
 
@@ -72,6 +73,9 @@ class Config(_Strict):
     ota: OtaConfig = Field(OtaConfig(), description="over-the-air model pushes")
     homeassistant: HomeAssistantConfig = Field(HomeAssistantConfig(), description="Home Assistant MQTT discovery")
     health: HealthConfig = Field(HealthConfig(), description="the local health and metrics endpoint")
+    remote_config: RemoteConfigConfig = Field(
+        RemoteConfigConfig(), description="signed config documents from the fleet (edged config push)"
+    )
     groups: list[str] = Field(
         [], description="fleet groups of this device (edged push --group), shown in the retained status"
     )
@@ -131,6 +135,7 @@ def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Confi
     model = cfg.model.model_copy(update={"package": fix(cfg.model.package), "keys_dir": fix(cfg.model.keys_dir)})
     governor = cfg.governor.model_copy(update={"sysfs_root": fix(cfg.governor.sysfs_root)})
     ota = cfg.ota.model_copy(update={"http_ca_file": fix(cfg.ota.http_ca_file)})
+    health = cfg.health.model_copy(update={"token_file": fix(cfg.health.token_file)})
     cameras = [
         c.model_copy(
             update={
@@ -149,6 +154,7 @@ def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Confi
             "state_dir": fix(cfg.state_dir),
             "governor": governor,
             "ota": ota,
+            "health": health,
         }
     )
 
@@ -156,7 +162,8 @@ def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Confi
 def missing_files(cfg: Config, model: bool = True) -> list[str]:
     """The files `cfg` names that are not there, or not readable by this user, as ``key: path: why`` (what
     the daemon would fail on at its start or its first connect): the broker's TLS and password files, each
-    camera's password and CA file, the OTA CA file and, with `model`, ``model.package``. `edged check-config`
+    camera's password and CA file, the OTA CA file, the live view's token file and, with `model`,
+    ``model.package``. `edged check-config`
     asks; loading a config never does (the files may come later, as systemd's credentials do)."""
     files: list[tuple[str, Path | None]] = []
     if cfg.mqtt.tls is not None:
@@ -167,6 +174,7 @@ def missing_files(cfg: Config, model: bool = True) -> list[str]:
     for i, cam in enumerate(cfg.cameras):
         files += [(f"cameras[{i}].password_file", cam.password_file), (f"cameras[{i}].tls_ca_file", cam.tls_ca_file)]
     files.append(("ota.http_ca_file", cfg.ota.http_ca_file))
+    files.append(("health.token_file", cfg.health.token_file))
     out = []
     for key, path in files:
         if path is None:

@@ -144,6 +144,21 @@ class GovernorConfig(_Strict):
         return self
 
 
+class RemoteConfigConfig(_Strict):
+    enabled: bool = Field(
+        True,
+        description="take signed config documents (edged config push) for this device and its groups; each "
+        "signed by a key of model.keys_dir, changing only the keys docs/operator.md lists",
+    )
+    ready_timeout_s: float = Field(
+        60.0,
+        ge=5,
+        le=3600,
+        description="after a document is applied: every camera up, a batch served and the broker connected "
+        "within this long, else the last good config comes back (reverted, with the reason)",
+    )
+
+
 class OtaConfig(_Strict):
     enabled: bool = Field(True, description="accept model pushes (edged push) when the daemon runs the store")
     chunk_kb: int = Field(256, ge=4, le=4096, description="KiB asked for per chunk request")

@@ -1,19 +1,27 @@
 """Home Assistant MQTT discovery: the device appears in Home Assistant as one device with, per camera, a
-sensor per label (objects in view) and a sensor of the last object event.
+sensor per label (objects in view), a sensor of the last object event, an occupancy binary sensor per label
+and per zone, a switch that pauses the camera's inference, a button that takes a snapshot and a camera
+entity showing it; and for the device, diagnostic sensors (temperature, inference fps, spool backlog, model).
 
     decode thread ──Result──> HomeAssistant.observe ──(counts or last event changed)──> …/ha/<camera>
     main loop ──tick()──> at every connect (and a model swap): discovery configs, then every camera's state
 
-- Discovery configs (retained, QoS 1) go to ``<discovery_prefix>/sensor/<device_id>/<unique_id>/config``
+- Discovery configs (retained, QoS 1) go to ``<discovery_prefix>/<component>/<device_id>/<unique_id>/config``
   (topics.ha_discovery; the node id level lets a broker ACL keep each device to its own), shaped as Home
-  Assistant documents them (protocol/schemas/homeassistant_sensor.schema.json cites the pages). Each
+  Assistant documents them (protocol/schemas/homeassistant_<component>.schema.json cite the pages). Each
   names the device (one ``device`` block, the same identifiers everywhere), its state topic and, for
   availability, the device's retained ``…/status`` (``online``; ``stopped`` and the ``offline`` last will
   make the entities unavailable).
 - A camera's state, ``…/ha/<camera>`` (retained, QoS 1, ``edged.ha_state/1``), is published when its counts
-  or its last event change, never per frame. With tracking on (the default) a count is the camera's
-  confirmed tracks of that label: the occupancy the object events give (appeared +1, ended -1), whatever
-  the camera's ``publish`` setting; without tracking it is the detections of the latest frame.
+  (per label, per zone), its last event or its pause change, never per frame. With tracking on (the
+  default) a count is the camera's confirmed tracks of that label: the occupancy the object events give
+  (appeared +1, ended -1), whatever the camera's ``publish`` setting; without tracking it is the detections
+  of the latest frame.
+- What Home Assistant sends: the switch's ``…/cmd/pause`` (``{"camera": C}`` pauses it, ``{"camera": C,
+  "paused": false}`` resumes it) and the button's ``…/cmd/snapshot`` (``{"camera": C}``), through the command
+  channel like any command; the shipped ACL lets the ``homeassistant`` principal write those two verbs and no
+  other. The snapshot (``…/snapshot/<camera>``, a JPEG) is the camera entity's image; the diagnostic sensors
+  read the retained ``…/telemetry`` and ``…/status``.
 - What this daemon has published is listed in ``<state_dir>/homeassistant.json``: a camera or label that
   is gone (a new config, a model with other labels, discovery turned off) has its retained topics cleared
   (an empty retained payload removes the entity from Home Assistant).
@@ -26,7 +34,7 @@ import logging
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -98,7 +106,7 @@ def discovery_configs(cfg: Config, model_labels: Sequence[str]) -> dict[str, dic
         state = topics.ha_state(root, cam.name)
         for label in camera_labels(cfg, cam, model_labels):
             uid = object_id("edged", dev, cam.name, label, "count")
-            key = label.replace("\\", "\\\\").replace("'", "\\'")
+            key = _key(label)
             out[topics.ha_discovery(ha.discovery_prefix, "sensor", node, uid)] = {
                 "name": f"{cam.name} {label} count",
                 "unique_id": uid,
@@ -108,6 +116,7 @@ def discovery_configs(cfg: Config, model_labels: Sequence[str]) -> dict[str, dic
                 "icon": "mdi:eye",
                 **common,
             }
+        out.update(_camera_entities(cfg, cam, common, model_labels))
         if tracking(cam):
             uid = object_id("edged", dev, cam.name, "last_event")
             out[topics.ha_discovery(ha.discovery_prefix, "sensor", node, uid)] = {
@@ -120,16 +129,118 @@ def discovery_configs(cfg: Config, model_labels: Sequence[str]) -> dict[str, dic
                 "icon": "mdi:motion-sensor",
                 **common,
             }
+    out.update(_diagnostics(cfg, common))
     return out
+
+
+def _key(name: str) -> str:
+    """`name` inside a template's single-quoted string."""
+    return name.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _camera_entities(
+    cfg: Config, cam: CameraConfig, common: dict[str, Any], model_labels: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """A camera's occupancy binary sensors (per label, per zone), its pause switch, snapshot button and camera."""
+    dev, prefix = cfg.device_id, cfg.homeassistant.discovery_prefix
+    root, node = f"{cfg.mqtt.topic_prefix}/{dev}", object_id(dev)
+    state = topics.ha_state(root, cam.name)
+    out: dict[str, dict[str, Any]] = {}
+    occupied = [(label, f"value_json.counts['{_key(label)}']") for label in camera_labels(cfg, cam, model_labels)]
+    occupied += [(f"zone {z}", f"value_json.zones['{_key(z)}']") for z in zone_names(cam)]
+    for what, count in occupied:
+        uid = object_id("edged", dev, cam.name, what, "occupancy")
+        out[topics.ha_discovery(prefix, "binary_sensor", node, uid)] = {
+            "name": f"{cam.name} {what} occupancy",
+            "unique_id": uid,
+            "state_topic": state,
+            "value_template": f"{{{{ 'ON' if ({count} | default(0)) > 0 else 'OFF' }}}}",
+            "device_class": "occupancy",
+            **common,
+        }
+    camera = json.dumps({"camera": cam.name})
+    uid = object_id("edged", dev, cam.name, "paused")
+    out[topics.ha_discovery(prefix, "switch", node, uid)] = {
+        "name": f"{cam.name} paused",
+        "unique_id": uid,
+        "command_topic": topics.command(root, "pause"),
+        "payload_on": camera,
+        "payload_off": json.dumps({"camera": cam.name, "paused": False}),
+        "state_topic": state,
+        "value_template": "{{ 'ON' if value_json.paused | default(false) else 'OFF' }}",
+        "state_on": "ON",
+        "state_off": "OFF",
+        "icon": "mdi:pause-circle",
+        **common,
+    }
+    uid = object_id("edged", dev, cam.name, "snapshot")
+    out[topics.ha_discovery(prefix, "button", node, uid)] = {
+        "name": f"{cam.name} snapshot",
+        "unique_id": uid,
+        "command_topic": topics.command(root, "snapshot"),
+        "payload_press": camera,
+        "icon": "mdi:camera",
+        **common,
+    }
+    uid = object_id("edged", dev, cam.name, "image")
+    out[topics.ha_discovery(prefix, "camera", node, uid)] = {
+        "name": f"{cam.name} snapshot image",
+        "unique_id": uid,
+        "topic": topics.snapshot(root, cam.name),
+        **common,
+    }
+    return out
+
+
+# the device's diagnostic sensors: (key, name, state topic suffix, value template, unit, device class)
+_DIAGNOSTICS = (
+    ("temperature", "temperature", topics.TELEMETRY,
+     "{{ value_json.sensors.temps_c.values() | max if value_json.sensors.temps_c | default({}) else None }}",
+     "°C", "temperature"),
+    ("fps", "inference fps", topics.TELEMETRY, "{{ value_json.inference.fps }}", "fps", None),
+    ("spool_rows", "spool backlog", topics.TELEMETRY, "{{ value_json.mqtt.spool_rows }}", "messages", None),
+    ("model", "model version", topics.STATUS,
+     "{{ value_json.model.name ~ ' ' ~ value_json.model.version if value_json.model is defined else None }}",
+     None, None),
+)  # fmt: skip
+
+
+def _diagnostics(cfg: Config, common: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    dev = cfg.device_id
+    root = f"{cfg.mqtt.topic_prefix}/{dev}"
+    out: dict[str, dict[str, Any]] = {}
+    for key, name, suffix, template, unit, device_class in _DIAGNOSTICS:
+        uid = object_id("edged", dev, key)
+        doc: dict[str, Any] = {
+            "name": name,
+            "unique_id": uid,
+            "state_topic": f"{root}/{suffix}",
+            "value_template": template,
+            "entity_category": "diagnostic",
+            **common,
+        }
+        if unit is not None:
+            doc |= {"unit_of_measurement": unit, "state_class": "measurement"}
+        if device_class is not None:
+            doc["device_class"] = device_class
+        out[topics.ha_discovery(cfg.homeassistant.discovery_prefix, "sensor", object_id(dev), uid)] = doc
+    return out
+
+
+def zone_names(camera: CameraConfig) -> list[str]:
+    return [z.name for z in camera.detection.zones] if camera.detection is not None else []
 
 
 class _Camera:
     """One camera's state document and what its last frame's tracks were (decode thread)."""
 
-    def __init__(self, name: str, labels: list[str]) -> None:
+    def __init__(self, name: str, labels: list[str], zones: list[str]) -> None:
         self.name = name
         self.labels = labels
+        self.zone_names = zones
         self.counts = dict.fromkeys(labels, 0)
+        self.zones = dict.fromkeys(zones, 0)  # objects (any label) in each zone
+        self.paused = False  # by `pause {"camera": …}` (Home Assistant's switch)
         self.last_event: dict[str, Any] | None = None
         self.tracks: dict[int, tuple[str, tuple[str, ...]]] = {}  # confirmed track id -> (label, zones)
 
@@ -138,6 +249,8 @@ class _Camera:
             "schema": HA_STATE_SCHEMA,
             "camera": self.name,
             "counts": dict(self.counts),
+            "zones": dict(self.zones),
+            "paused": self.paused,
             "last_event": self.last_event,
         }
 
@@ -152,13 +265,16 @@ class HomeAssistant:
         scenes: Scenes,
         out: Outlet,
         model_labels: Callable[[], tuple[str, list[str]]],
+        paused: Callable[[], Collection[str]] = frozenset,
     ) -> None:
-        """`model_labels`: () -> (the serving package's ref, its labels); a swap to other labels re-announces."""
+        """`model_labels`: () -> (the serving package's ref, its labels); a swap to other labels re-announces.
+        `paused`: () -> the cameras paused by command (the switches' state, read at each `tick`)."""
         self.cfg = cfg
         self.enabled = cfg.homeassistant.enabled
         self.scenes = scenes
         self.out = out
         self.model_labels = model_labels
+        self.paused = paused
         self.root = f"{cfg.mqtt.topic_prefix}/{cfg.device_id}"
         self.state_file = cfg.state_dir / STATE_FILE
         self._lock = threading.Lock()
@@ -178,9 +294,10 @@ class HomeAssistant:
         old = self._cameras
         self._cameras = {}
         for cam in self.cfg.cameras:
-            c = _Camera(cam.name, camera_labels(self.cfg, cam, labels))
+            c = _Camera(cam.name, camera_labels(self.cfg, cam, labels), zone_names(cam))
             if cam.name in old:
                 c.last_event, c.tracks = old[cam.name].last_event, old[cam.name].tracks
+                c.paused = old[cam.name].paused
             self._cameras[cam.name] = c
 
     # --- the decode thread ---------------------------------------------------------------------
@@ -197,13 +314,16 @@ class HomeAssistant:
             event = self._events(cam, now, iso(r.meta.captured_at))
             cam.tracks = now
             seen = Counter(label for label, _ in now.values())
+            inside = Counter(z for _, zs in now.values() for z in zs)
         else:
             seen = Counter(d.label for d in r.detections)
+            inside = Counter(z for d in r.detections for z in d.zones)
         counts = {label: seen.get(label, 0) for label in cam.labels}
-        if counts == cam.counts and event is None:
+        zones = {z: inside.get(z, 0) for z in cam.zone_names}
+        if counts == cam.counts and zones == cam.zones and event is None:
             return
         with self._lock:
-            cam.counts = counts
+            cam.counts, cam.zones = counts, zones
             if event is not None:
                 cam.last_event = event
             if self._synced is not None and self.out.connected:
@@ -236,12 +356,22 @@ class HomeAssistant:
             return
         ref, labels = self.model_labels()
         with self._lock:
+            self._follow_pauses()
             if self._synced == (self.out.connects, ref):
                 return
             if self._synced is not None and self._synced[1] != ref:
                 self._build(labels)
             self._sync(labels)
             self._synced = (self.out.connects, ref)
+
+    def _follow_pauses(self) -> None:
+        """A camera paused or resumed by command: its state again (the switch shows it)."""
+        paused = self.paused()
+        for cam in self._cameras.values():
+            if cam.paused != (cam.name in paused):
+                cam.paused = cam.name in paused
+                if self._synced is not None:
+                    self._publish_state(cam)
 
     def _sync(self, labels: list[str]) -> None:
         configs = discovery_configs(self.cfg, labels) if self.enabled else {}
@@ -259,7 +389,7 @@ class HomeAssistant:
         self._remember(ours | unsent)
         if self.enabled:
             logger.info(
-                "home assistant: %d discovery configs under %s/sensor/",
+                "home assistant: %d discovery configs under %s/",
                 len(configs),
                 self.cfg.homeassistant.discovery_prefix,
             )

@@ -3,6 +3,7 @@
     …/cmd/+      QoS 1   the command handler (Commands.on_message): verbs, their replies
     …/ota/data   QoS 0   a routed topic (OtaReceiver.on_data): OTA chunks
     <prefix>/_groups/<group>/ota   QoS 1   a topic outside the root (`route_topic`): a group's retained offer
+    …/config/desired, <prefix>/_groups/<group>/config   QoS 1   signed config documents (lifecycle/remote.py)
     anything else        dropped (a conforming broker sends us nothing else)
 
 Handlers run on paho's network thread and must only queue; one that raises is logged, never reaches paho.

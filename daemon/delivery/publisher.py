@@ -45,7 +45,7 @@ from edged.protocol.schemas import dumps, iso
 
 from ..config import MqttConfig, SpoolConfig
 from .inbox import Inbox, MessageHandler
-from .payload import result_payload
+from .payload import result_bytes, result_payload
 from .session import Session
 from .spool import Spool, SpoolCorrupt, SpoolError
 
@@ -172,11 +172,11 @@ class Publisher(Session):
         """Number and append one message; returns its size in bytes (0 when refused)."""
         if kind == "result":
             self.seq += 1
-            doc = result_payload(item, self.device_id, self.boot_id, self.seq)
+            # the same bytes as dumps(result_payload(...)), for less work per result (payload.py)
+            payload = result_bytes(item, self.device_id, self.boot_id, self.seq)
             topic, qos = topics.results(self.root, item.camera), self.cfg.qos
         else:
-            doc, topic, qos = item, topics.events(self.root), 1
-        payload = dumps(doc)
+            payload, topic, qos = dumps(item), topics.events(self.root), 1
         if len(payload) > MAX_PAYLOAD_BYTES:
             self.oversized += 1
             if kind == "result":

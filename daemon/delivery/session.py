@@ -36,6 +36,7 @@ from typing import Any, cast
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
@@ -108,7 +109,11 @@ class Session:
 
     def publish_status(self, state: str) -> mqtt.MQTTMessageInfo:
         """The retained `status` message (QoS 1): online, stopped; offline is the last will."""
-        return self.client.publish(topics.status(self.root), self._status_json(state), qos=1, retain=True)
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        props.MessageExpiryInterval = topics.STATUS_EXPIRY_S  # `edged fleet`: when the broker published it
+        return self.client.publish(
+            topics.status(self.root), self._status_json(state), qos=1, retain=True, properties=props
+        )
 
     def _status_json(self, state: str) -> bytes:
         doc = status_doc(

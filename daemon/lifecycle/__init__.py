@@ -10,6 +10,8 @@ swapped in between two batches, judged on probation, and committed or rolled bac
     admission.py    what a model must pass before it serves: I/O, golden pair, batches, memory estimate
     manager.py      `ModelManager`: swaps in the running daemon (side by side or stop-the-world)
     probation.py    what a swapped-in version is judged against, and the verdicts that roll it back
+    remote.py       signed config documents (remote configuration): checked, applied by reload, reverted
+                    when the device is not ready again in time, kept in the state dir
     ota/            the over-the-air receiver: offers, one transfer at a time, chunks over MQTT or files
                     over HTTP(S), a group's retained offer
 """

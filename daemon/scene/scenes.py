@@ -339,9 +339,30 @@ class Scenes:
     ) -> None:
         """`clock`: the caps' time (monotonic seconds)."""
         self.scenes = {c.name: Scene(c.name, detection, c.detection, clock) for c in cameras}
+        self._settings = {c.name: (detection, c.detection) for c in cameras}
+        self._clock = clock
         self._frames = frames
         self.errors = 0
         self._lock = threading.Lock()
+
+    def reconfigure(self, detection: DetectionConfig, cameras: Sequence[CameraConfig]) -> list[dict[str, Any]]:
+        """New settings (a reload, a remote document): each camera whose own or the global detection settings
+        changed gets a new Scene (its filters, zones, masks, tracker, publish mode, caps) between two results;
+        its live tracks end (reason ``stopped``) and those ended events are returned, to be sent."""
+        ended: list[dict[str, Any]] = []
+        with self._lock:
+            for c in cameras:
+                if c.name not in self.scenes or self._settings.get(c.name) == (detection, c.detection):
+                    continue
+                old = self.scenes[c.name]
+                if old.tracker is not None:
+                    for track in old.tracker.close():
+                        if old.publish_events:
+                            ended.extend(old._ended(track, "stopped"))
+                self.scenes[c.name] = Scene(c.name, detection, c.detection, self._clock)
+                self._settings[c.name] = (detection, c.detection)
+                logger.info("camera %s: scene settings changed (zones, masks, filters, tracking, publish)", c.name)
+        return ended
 
     def process(self, r: Result) -> tuple[Result, list[dict[str, Any]], bool]:
         """(the result as published, the object events to send, whether the result itself goes out)."""
@@ -351,8 +372,8 @@ class Scenes:
         # the crop comes from the frame the boxes were found in, or there is none this time (the camera read on
         # past the frames it keeps): a later frame's crop would show what the boxes did not
         frame = self._frames(r.camera, r.meta.seq) if self.crops(r.camera) else None
-        with self._lock:
-            return self._process(scene, r, frame)
+        with self._lock:  # the camera's scene now: `reconfigure` may have replaced it meanwhile
+            return self._process(self.scenes.get(r.camera, scene), r, frame)
 
     def crops(self, camera: str) -> bool:
         """Whether `camera`'s events carry crops (cut from the frames the camera keeps: Camera.frame_for)."""

@@ -466,10 +466,15 @@ class GstSource:
         if not ok:
             raise CaptureError(f"{self._shown}: cannot map a buffer")
         try:
-            data = np.frombuffer(info.data, np.uint8)
+            raw = info.data
+            data = np.frombuffer(raw, np.uint8)
             stride = len(data) // h
             rows = data[: stride * h].reshape(h, stride)[:, : w * ch]
-            frame = np.array(rows.reshape(h, w, ch) if ch > 1 else rows.reshape(h, w), copy=True)
+            view = rows.reshape(h, w, ch) if ch > 1 else rows.reshape(h, w)
+            # PyGObject hands the mapped bytes over as a copy (`bytes`): a read-only view of it is the frame, one
+            # copy fewer per frame (bench/pipeline_cpu.py, capture). gst-python's override gives a memoryview of
+            # the mapping instead, which dies with `unmap`: that one is copied.
+            frame = view if isinstance(raw, bytes) else np.array(view, copy=True)
         finally:
             buf.unmap(info)
         if fmt.startswith("RGB"):
