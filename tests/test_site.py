@@ -16,6 +16,7 @@ import ssl
 import stat
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -259,8 +260,17 @@ def test_every_flow_through_the_shipped_acl(
         lambda: any(json.loads(m.payload)["model"]["version"] == 2 for m in on("results/lobby")), 60, "v2 results"
     )
     # the last will: a device that dies says so through the broker
+    killed = time.time()
     d.stop(signal.SIGKILL)
     wait_until(lambda: json.loads(on("status")[-1].payload)["state"] == "offline", 10, "the last will")
+    # `edged fleet` through the shipped ACL: the dead device is offline since the broker published its will
+    # (the will's Message Expiry Interval says when), not since some earlier status
+    r = edged_cli("fleet", "-c", str(ops), "--format", "json", timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (row,) = [x for x in json.loads(r.stdout) if x["device"] == "cam-01"]
+    assert row["state"] == "offline" and row["model"] == "blazeface-back@2", row
+    since = dt.datetime.fromisoformat(row["since"].replace("Z", "+00:00")).timestamp()
+    assert killed - 2 <= since <= time.time() + 1, (row, killed)
 
 
 def test_a_canary_wave_through_the_shipped_acl(

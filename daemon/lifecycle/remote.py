@@ -72,7 +72,10 @@ class Checked:
     envelope: ConfigEnvelope
 
 
-class Refused(Exception):
+class _Refused(Exception):
+    """A document this device does not apply, with every reason (key paths); becomes a `refused` outcome
+    on ``…/config/state`` and never leaves this module."""
+
     def __init__(self, reasons: list[str], source: str = "", version: int = 0, digest: str = "") -> None:
         super().__init__("; ".join(reasons))
         self.reasons, self.source, self.version, self.digest = reasons, source, version, digest
@@ -123,7 +126,7 @@ class DocumentStore:
         for source, env in self.read()["documents"].items():
             try:
                 checked = check(ConfigEnvelope.model_validate(env), self.cfg, source)
-            except (Refused, ValidationError) as exc:
+            except (_Refused, ValidationError) as exc:
                 logger.error("remote config: the stored %s document is left out: %s", source, exc)
                 continue
             out[source] = checked
@@ -147,16 +150,16 @@ def check(env: ConfigEnvelope, cfg: Config, source: str | None = None) -> Checke
         TrustStore.load(cfg.model.keys_dir).verify(raw, env.sig.encode(), "config document", signed="the document")
         doc = ConfigDocument.model_validate_json(raw)
     except EdgedError as exc:
-        raise Refused([f"signature: {exc}"]) from exc
+        raise _Refused([f"signature: {exc}"]) from exc
     except ValidationError as exc:
-        raise Refused([f"document: {_first(exc)}"]) from exc
+        raise _Refused([f"document: {_first(exc)}"]) from exc
     t = doc.target
     if t.device is not None and t.device != cfg.device_id:
-        raise Refused([f"target.device: {t.device!r} is not this device ({cfg.device_id})"])
+        raise _Refused([f"target.device: {t.device!r} is not this device ({cfg.device_id})"])
     if t.group is not None and t.group not in cfg.groups:
-        raise Refused([f"target.group: {t.group!r} is not a group of this device ({', '.join(cfg.groups) or 'none'})"])
+        raise _Refused([f"target.group: {t.group!r} is not a group of this device ({', '.join(cfg.groups) or 'none'})"])
     if source is not None and t.source != source:
-        raise Refused([f"target: a {t.source} document on the {source} topic"])
+        raise _Refused([f"target: a {t.source} document on the {source} topic"])
     return Checked(t.source, doc.version, digest(raw), doc.overlay, env)
 
 
@@ -245,7 +248,7 @@ class RemoteConfig:
             source = f"group:{topic.split('/')[-2]}" if "/_groups/" in topic else SOURCE_DEVICE
             try:
                 checked = self._check(source, payload)
-            except Refused as exc:
+            except _Refused as exc:
                 if exc.digest == "":
                     return {"state": "ignored"}
                 return self._refuse(exc)
@@ -258,31 +261,31 @@ class RemoteConfig:
         state = self.store.read()
         refused = state["refused"].get(source, [])
         if len(payload) > MAX_CONFIG_DOC_BYTES + 8192:
-            raise Refused([f"the message is {len(payload)} bytes, over {MAX_CONFIG_DOC_BYTES}"], source, 0, d)
+            raise _Refused([f"the message is {len(payload)} bytes, over {MAX_CONFIG_DOC_BYTES}"], source, 0, d)
         try:
             env = ConfigEnvelope.model_validate_json(payload)
         except ValidationError as exc:
-            raise Refused([f"envelope: {_first(exc)}"], source, 0, d) from exc
+            raise _Refused([f"envelope: {_first(exc)}"], source, 0, d) from exc
         try:
             checked = check(env, self.cfg, source)
-        except Refused as exc:
+        except _Refused as exc:
             exc.source, exc.digest = source, d
             raise
         if checked.digest in refused:
             logger.info("remote config: %s v%d was refused before; ignored", source, checked.version)
-            raise Refused([], source, checked.version, "")
+            raise _Refused([], source, checked.version, "")
         floor = int(state["floor"].get(source, 0))
         applied = state["documents"].get(source)
         if checked.version == floor and applied is not None and applied.get("document") == env.document:
             return None  # the document in force, sent again at a connect
         if checked.version <= floor:
-            raise Refused(
+            raise _Refused(
                 [f"version: {checked.version} is not newer than {floor}, the last applied or cleared from {source} "
                  "(a replayed or older document)"],
                 source, checked.version, checked.digest,
             )  # fmt: skip
         if problems := refusals(checked.overlay, self.cfg):
-            raise Refused(problems, source, checked.version, checked.digest)
+            raise _Refused(problems, source, checked.version, checked.digest)
         return checked
 
     def _apply(self, checked: Checked) -> dict[str, Any]:
@@ -294,9 +297,9 @@ class RemoteConfig:
         try:
             new = load_with_overlay(self.config_path, overlay)
         except ConfigError as exc:
-            return self._refuse(Refused(str(exc).split("; "), src, v, checked.digest))
+            return self._refuse(_Refused(str(exc).split("; "), src, v, checked.digest))
         if self.applier is None:
-            return self._refuse(Refused(["the daemon is not serving yet"], src, v, checked.digest))
+            return self._refuse(_Refused(["the daemon is not serving yet"], src, v, checked.digest))
         previous = self._current()
         before = self._batches()
         result = self.applier.apply(new, f"config document {src} v{v} applied")
@@ -324,7 +327,7 @@ class RemoteConfig:
             why = self._ready(before)
         return why
 
-    def _refuse(self, exc: Refused) -> dict[str, Any]:
+    def _refuse(self, exc: _Refused) -> dict[str, Any]:
         logger.warning("remote config: %s v%d refused: %s", exc.source or "?", exc.version, exc)
         if exc.digest:
             self._remember_refused(exc.source, exc.digest)
