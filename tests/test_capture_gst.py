@@ -398,3 +398,32 @@ def test_a_mid_stream_resolution_change_gives_every_frame_its_own_source_size() 
     assert {out for out, _ in seen} == {(w // 10, h // 10) for w, h in sizes}, seen
     wrong = [(out, src) for out, src in seen if src is None or (src[0] // 10, src[1] // 10) != out]
     assert not wrong, f"frames labelled with another frame's source size: {wrong}"
+
+
+def test_a_samples_caps_are_read_once_per_caps_and_again_when_they_change() -> None:
+    # The reader reads width, height and format through GI once per caps (issue 34's per-frame CPU): every
+    # frame of one caps shares the one reading; a change of format and size mid-stream is read again, and
+    # each frame comes out in its own size and channel order (videotestsrc's first pixel is white either way).
+    desc = (
+        "videotestsrc name=src num-buffers=40 pattern=white ! capsfilter name=res "
+        "caps=video/x-raw,format=BGR,width=64,height=48,framerate=30/1 ! appsink name=sink max-buffers=2"
+    )
+    source = gst.GstSource(gstpipe.Plan(desc, {}, False), 5.0, None, shown="test")
+    res = source.pipeline.get_by_name("res")
+    seen: list[tuple[tuple[int, ...], tuple[int, int, str]]] = []  # the readings kept alive: their ids stay theirs
+    try:
+        while (frame := source.read()) is not None:
+            assert source._caps is not None
+            seen.append((frame.shape, source._caps[1]))
+            assert frame.dtype.name == "uint8" and int(frame[0, 0, 0]) == 255, frame[0, 0]
+            if len(seen) == 10:
+                caps = "video/x-raw,format=RGBx,width=32,height=16,framerate=30/1"
+                res.set_property("caps", gst._load()[0].Caps.from_string(caps))
+    finally:
+        source.close()
+    shapes = [shape for shape, _ in seen]
+    assert shapes[:10] == [(48, 64, 3)] * 10 and shapes[-1] == (16, 32, 3), shapes
+    readings = {shape: {id(reading) for s, reading in seen if s == shape} for shape in set(shapes)}
+    assert all(len(r) == 1 for r in readings.values()), readings
+    assert readings[(48, 64, 3)] != readings[(16, 32, 3)]
+    assert source._caps is None, "close lets go of the caps"

@@ -13,7 +13,7 @@ camera's clock.
 
 Scene cuts (`CutDetector`, run by each camera on the frames it offers, for its tracks): the picture changed
 as a whole from one frame to the next. Each frame becomes a 32 px wide grey thumbnail (sampled, then
-area-averaged: about 0.05 ms at any resolution), measured against its own mean and spread; the frame is a
+area-averaged: about 0.1 ms on a 960x540 frame), measured against its own mean and spread; the frame is a
 cut when at least CUT_AREA of the thumbnail's pixels moved by more than CUT_PIXEL_Z of that spread. People
 walking change a few percent of it (at most ~0.1 on the demo video), two unrelated pictures 0.6-0.9; an
 exposure step, a gain change or a dark picture's noise change nothing.
@@ -83,17 +83,20 @@ _SPREAD_FLOOR = 16.0  # grey levels (0-255): a flat, dark frame's noise is no ch
 
 def thumbnail(frame: np.ndarray) -> np.ndarray:
     """A frame (BGR, or grey) as a THUMB_WIDTH-wide grey float32 image: its green channel sampled to at
-    most 4 x THUMB_WIDTH px wide, then area-averaged; about 0.05 ms at any resolution."""
+    most 4 x THUMB_WIDTH px wide, then area-averaged; about 0.1 ms on a 960x540 frame."""
     h, w = frame.shape[:2]
     step = max(1, w // (4 * THUMB_WIDTH))
     g = frame[::step, ::step, min(1, frame.shape[2] - 1)] if frame.ndim == 3 else frame[::step, ::step]
-    g = np.ascontiguousarray(g, dtype=np.float32)
+    g = g.copy().astype(np.float32)  # the strided sample gathered at its own width, then widened: ~1.7x less CPU
     size = (THUMB_WIDTH, max(1, round(THUMB_WIDTH * h / w)))
     return np.asarray(cv2.resize(g, size, interpolation=cv2.INTER_AREA), np.float32)
 
 
 def _standard(t: np.ndarray) -> np.ndarray:
-    return (t - float(t.mean())) / max(float(t.std()), _SPREAD_FLOOR)
+    """The thumbnail against its own mean and spread. One cv2.meanStdDev call: ~5x less CPU than NumPy's mean
+    and std on a thumbnail (their Python-level reductions), and the same cut shares on the demo video."""
+    mean, std = cv2.meanStdDev(t)
+    return (t - float(mean[0, 0])) / max(float(std[0, 0]), _SPREAD_FLOOR)
 
 
 def cut_share(a: np.ndarray, b: np.ndarray) -> float:
@@ -102,19 +105,27 @@ def cut_share(a: np.ndarray, b: np.ndarray) -> float:
     at most ~0.1; two unrelated pictures 0.6-0.9. Thumbnails of other sizes (the source changed size) are a cut."""
     if a.shape != b.shape:
         return 1.0
-    return float(np.count_nonzero(np.abs(_standard(a) - _standard(b)) > CUT_PIXEL_Z)) / a.size
+    return _changed(_standard(a), _standard(b))
+
+
+def _changed(za: np.ndarray, zb: np.ndarray) -> float:
+    """The share of pixels that changed between two standardised thumbnails of one size."""
+    return float(np.count_nonzero(np.abs(za - zb) > CUT_PIXEL_Z)) / za.size
 
 
 class CutDetector:
     """Whether each frame starts a new scene, against the frame before it."""
 
     def __init__(self) -> None:
-        self._prev: np.ndarray | None = None
+        self._prev: np.ndarray | None = None  # the previous frame's thumbnail, standardised (once per frame)
 
     def cut(self, frame: np.ndarray) -> bool:
-        cur = thumbnail(frame)
+        """`cut_share(thumbnail(previous), thumbnail(frame)) >= CUT_AREA`, each thumbnail standardised once."""
+        cur = _standard(thumbnail(frame))
         prev, self._prev = self._prev, cur
-        return prev is not None and cut_share(prev, cur) >= CUT_AREA
+        if prev is None:
+            return False
+        return prev.shape != cur.shape or _changed(prev, cur) >= CUT_AREA
 
     def reset(self) -> None:
         """Forget the previous frame (the source was reopened: the discontinuity is counted already)."""
