@@ -151,6 +151,11 @@ class Probe(Collector):
             )
         }
         skipped = CounterMetricFamily("edged_camera_skipped_frames", "frames motion gating skipped", labels=["camera"])
+        crossings = CounterMetricFamily(
+            "edged_line_crossings",
+            "objects that crossed a line (detection.lines), by direction (in, out) and label",
+            labels=["camera", "line", "direction", "label"],
+        )
         for c in self.parts.cameras:
             s = c.stats
             shown = c.shown_state()[0]
@@ -162,7 +167,11 @@ class Probe(Collector):
             gate = self.parts.loop.gates.get(c.name)
             if gate is not None:
                 skipped.add_metric([c.name], float(gate.skipped))
-        return [up, state, *counters.values(), skipped]
+            for line, directions in (self.parts.scenes.crossings(c.name) or {}).items():
+                for direction, labels in directions.items():
+                    for label, n in labels.items():
+                        crossings.add_metric([c.name, line, direction, label], float(n))
+        return [up, state, *counters.values(), skipped, crossings]
 
     def _mqtt(self) -> Iterable[Metric]:
         p = self.parts.publisher

@@ -1,7 +1,7 @@
 """The live view: what the model sees, in a browser, from the local HTTP server (``health.live_view``; off by
 default). One page lists the cameras; each shows its newest inferred frame with the boxes, labels, track ids,
-zones and masks drawn (scene/draw.py), refreshed up to ``live_max_fps``, and the page shows the status line,
-the model and version and a few telemetry values.
+zones, masks and lines (named with their in direction) drawn (scene/draw.py), refreshed up to
+``live_max_fps``, and the page shows the status line, the model and version and a few telemetry values.
 
     GET /live                     the page (inline HTML, CSS and JS: nothing fetched from elsewhere);
                                   ``?still=1``: each view loaded once, not refreshed (screenshots, slow links)
@@ -129,9 +129,8 @@ class LiveView:
             if frame is None:
                 return None
             dets = [d.to_json() for d in r.detections] if r is not None else []
-            zones, masks = self._shapes(camera)
-            # lines (crossing counts) come with their own config: drawn here once a camera has them
-            img = draw_scene(frame, dets, zones, masks, lines=(), max_width=self.cfg.live_max_width)
+            zones, masks, lines = self._shapes(camera)
+            img = draw_scene(frame, dets, zones, masks, lines, max_width=self.cfg.live_max_width)
             v = View(
                 encode_jpeg(img, self.cfg.live_jpeg_quality),
                 r.meta.seq if r is not None else -1,
@@ -143,14 +142,16 @@ class LiveView:
             self.encoded += 1
             return v
 
-    def _shapes(self, camera: str) -> tuple[list[Shape], list[Shape]]:
+    def _shapes(self, camera: str) -> tuple[list[Shape], list[Shape], list[Shape]]:
+        """The camera's zones, masks and lines (each line named with its in direction: ``door (in: right)``)."""
         cfg = next((c for c in self.parts.host.cfg.cameras if c.name == camera), None)
         d = cfg.detection if cfg is not None else None
         if d is None:
-            return [], []
+            return [], [], []
         return (
             [Shape(z.name, z.points, z.normalized) for z in d.zones],
             [Shape(m.name, m.points, m.normalized) for m in d.masks],
+            [Shape(f"{n.name} (in: {n.in_direction})", n.points, n.normalized) for n in d.lines],
         )
 
     def state(self) -> dict[str, Any]:

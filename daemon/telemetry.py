@@ -8,7 +8,8 @@ has stopped (`edged run` prints it).
     {"schema": "edged.telemetry/1", "device", "boot_id", "ts", "uptime_s",
      "cameras": {<name>: {state, fps, frames, drops, reconnects, stalls, errors, frames_refused,
                           capture_to_result_ms,
-                          [events, events_dropped, snapshots_dropped: cameras that publish object events]}},
+                          [events, events_dropped, snapshots_dropped: cameras that publish object events],
+                          [crossings: {line: {in|out: {label: n}}}: cameras with lines]}},
      "inference": {backend, model, swaps, batch, fps, batches, rows, padded_rows, errors, infer_ms, ...},
      "mqtt": {...}, "memory": {rss_mb, peak_rss_mb, model_mb, budget_mb, ...}, "governor": {...},
      "sensors": {...}, "ota": {...} | null}
@@ -100,6 +101,8 @@ class Telemetry:
             if reason:
                 cams[c.name]["last_error"] = reason
             cams[c.name].update(parts.scenes.counts(c.name) or {})
+            if (crossings := parts.scenes.crossings(c.name)) is not None:
+                cams[c.name]["crossings"] = crossings
         self._last = (now, st.rows, {c.name: c.stats.frames for c in parts.cameras})
         self.fps = (st.rows - rows0) / dt_s
         gov: dict[str, Any] = parts.governor.telemetry() if parts.governor else {"level": "off"}

@@ -32,8 +32,8 @@ WING_LOOPS: dict[tuple[str, str], str] = {
     ("config", "capture"): "config/cameras.py checks URIs by the source registry (capture/registry.py: schemes, "
     "forms, hosts) and reads capture/framebound.py's MAX_FRAME_PIXELS, while capture/ reads the camera config; "
     "no module loop (the registry names CameraConfig for types only); gone if the URI rules move into config/",
-    ("config", "scene"): "config/cameras.py reads scene/zones.py's MAX_CAMERA_POINTS and polygon_problem while "
-    "scene/ reads the zone config; gone when the polygon check lives in config/",
+    ("config", "scene"): "config/cameras.py reads scene/zones.py's MAX_CAMERA_POINTS and polygon_problem (and "
+    "scene/lines.py's line checks) while scene/ reads the zone and line config; gone when the checks live in config/",
 }
 # import floors inside one wing (its modules' longest chain of imports among themselves): capture/ has 6,
 # the camera thread above its sources, the registry, the URI grammar and redaction

@@ -31,6 +31,7 @@ from edged.errors import ConfigError
 # each part's sections live in their own module; re-exported: `from edged.daemon.config import CameraConfig`
 from .cameras import CameraConfig as CameraConfig
 from .cameras import CameraDetectionConfig as CameraDetectionConfig
+from .cameras import LineConfig as LineConfig
 from .cameras import MotionConfig as MotionConfig
 from .cameras import StrictModel as _Strict
 from .cameras import TrackingConfig as TrackingConfig

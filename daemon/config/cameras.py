@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ..capture.framebound import MAX_FRAME_PIXELS
 from ..capture.redact import redact
 from ..capture.registry import NETWORK_SCHEMES, URI_FORMS, check_uri
+from ..scene.lines import MAX_LINES, direction_problem, points_problem
 from ..scene.zones import MAX_CAMERA_POINTS, polygon_problem
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -50,6 +51,48 @@ class ZoneConfig(StrictModel):
         return self
 
 
+class LineConfig(StrictModel):
+    name: str = Field(description="the line's name, as object_crossed events, telemetry and /metrics give it")
+    normalized: bool = Field(False, description="points are fractions (0-1) of the frame's width and height")
+    points: list[tuple[float, float]] = Field(
+        description="the line's two ends [[ax, ay], [bx, by]], in source pixels or, with normalized, 0-1; a "
+        "crossing counts only between them"
+    )
+    in_direction: Literal["left", "right", "up", "down"] = Field(
+        description="the movement on the picture that crosses the line *in* (right: crossing it from left to "
+        "right is in, from right to left out); it must run across the line, not along it"
+    )
+    hysteresis: float = Field(
+        0.1,
+        ge=0.0,
+        le=2.0,
+        description="how far past the line the anchor must get to count as on the other side, in the object's "
+        "box heights: a box that jitters on the line counts once",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be 1-64 of letters, digits, '_', '.', '-' (a metric label and an entity id)")
+        return v
+
+    @field_validator("points")
+    @classmethod
+    def _points(cls, v: list[tuple[float, float]], info: ValidationInfo) -> list[tuple[float, float]]:
+        if problem := points_problem(v, bool(info.data.get("normalized", False))):
+            raise ValueError(problem)
+        return v
+
+    @field_validator("in_direction")
+    @classmethod
+    def _direction(cls, v: str, info: ValidationInfo) -> str:
+        points = info.data.get("points")
+        if points is not None and (problem := direction_problem(points, v)):
+            raise ValueError(problem)
+        return v
+
+
 class TrackingConfig(StrictModel):
     enabled: bool = Field(True, description="give each detection a track_id (a tracker per camera)")
     iou_threshold: float = Field(0.3, gt=0.0, le=1.0, description="a detection continues a track at this IoU")
@@ -81,6 +124,12 @@ class CameraDetectionConfig(StrictModel):
     )
     zones: list[ZoneConfig] = Field([], description="named areas; events say when a track enters or leaves one")
     masks: list[ZoneConfig] = Field([], description="areas ignored: a detection anchored in one is dropped")
+    lines: list[LineConfig] = Field(
+        [],
+        max_length=MAX_LINES,
+        description=f"named lines (at most {MAX_LINES}); a track whose anchor crosses one gives object_crossed, "
+        "counted per line, direction (in, out) and label",
+    )
     tracking: TrackingConfig = Field(TrackingConfig(), description="the multi-object tracker")
     publish: Literal["frames", "events", "both"] = Field(
         "frames", description="what goes out: every frame's result, object events (…/events), or both"
@@ -113,6 +162,21 @@ class CameraDetectionConfig(StrictModel):
         if len(set(names)) != len(names):
             raise ValueError(f"zone names must be unique, got {names}")
         return v
+
+    @field_validator("lines")
+    @classmethod
+    def _unique_lines(cls, v: list[LineConfig]) -> list[LineConfig]:
+        names = [line.name for line in v]
+        if len(set(names)) != len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"line names must be unique: {', '.join(twice)} given more than once")
+        return v
+
+    @model_validator(mode="after")
+    def _lines_need_tracks(self) -> CameraDetectionConfig:
+        if self.lines and not self.tracking.enabled:
+            raise ValueError("lines need tracking (a crossing is a track's anchor moving across a line)")
+        return self
 
     @model_validator(mode="after")
     def _corners(self) -> CameraDetectionConfig:

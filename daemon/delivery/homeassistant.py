@@ -1,7 +1,8 @@
 """Home Assistant MQTT discovery: the device appears in Home Assistant as one device with, per camera, a
 sensor per label (objects in view), a sensor of the last object event, an occupancy binary sensor per label
-and per zone, a switch that pauses the camera's inference, a button that takes a snapshot and a camera
-entity showing it; and for the device, diagnostic sensors (temperature, inference fps, spool backlog, model).
+and per zone, a crossing counter per line and direction, a switch that pauses the camera's inference, a
+button that takes a snapshot and a camera entity showing it; and for the device, diagnostic sensors
+(temperature, inference fps, spool backlog, model).
 
     decode thread ──Result──> HomeAssistant.observe ──(counts or last event changed)──> …/ha/<camera>
     main loop ──tick()──> at every connect (and a model swap): discovery configs, then every camera's state
@@ -13,8 +14,8 @@ entity showing it; and for the device, diagnostic sensors (temperature, inferenc
   availability, the device's retained ``…/status`` (``online``; ``stopped`` and the ``offline`` last will
   make the entities unavailable).
 - A camera's state, ``…/ha/<camera>`` (retained, QoS 1, ``edged.ha_state/1``), is published when its counts
-  (per label, per zone), its last event or its pause change, never per frame. With tracking on (the
-  default) a count is the camera's confirmed tracks of that label: the occupancy the object events give
+  (per label, per zone, its lines' crossings), its last event or its pause change, never per frame. With
+  tracking on (the default) a count is the camera's confirmed tracks of that label: the occupancy the object events give
   (appeared +1, ended -1), whatever the camera's ``publish`` setting; without tracking it is the detections
   of the latest frame.
 - What Home Assistant sends: the switch's ``…/cmd/pause`` (``{"camera": C}`` pauses it, ``{"camera": C,
@@ -44,7 +45,8 @@ from edged.protocol.schemas import HA_STATE_SCHEMA, dumps, iso
 
 from ..config import CameraConfig, Config
 from ..inference import Result
-from ..scene.scenes import Scenes
+from ..scene.lines import CROSSING_DIRECTIONS
+from ..scene.scenes import Scene, Scenes
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +148,18 @@ def _camera_entities(
     root, node = f"{cfg.mqtt.topic_prefix}/{dev}", object_id(dev)
     state = topics.ha_state(root, cam.name)
     out: dict[str, dict[str, Any]] = {}
+    for line in cam.detection.lines if cam.detection is not None else ():
+        for direction in CROSSING_DIRECTIONS:  # counts since the daemon started: total_increasing
+            uid = object_id("edged", dev, cam.name, "line", line.name, direction)
+            out[topics.ha_discovery(prefix, "sensor", node, uid)] = {
+                "name": f"{cam.name} {line.name} {direction}",
+                "unique_id": uid,
+                "state_topic": state,
+                "value_template": f"{{{{ value_json.crossings['{line.name}']['{direction}'] | default(0) }}}}",
+                "state_class": "total_increasing",
+                "icon": "mdi:arrow-right-bold" if direction == "in" else "mdi:arrow-left-bold",
+                **common,
+            }
     occupied = [(label, f"value_json.counts['{_key(label)}']") for label in camera_labels(cfg, cam, model_labels)]
     occupied += [(f"zone {z}", f"value_json.zones['{_key(z)}']") for z in zone_names(cam)]
     for what, count in occupied:
@@ -231,15 +245,21 @@ def zone_names(camera: CameraConfig) -> list[str]:
     return [z.name for z in camera.detection.zones] if camera.detection is not None else []
 
 
+def line_names(camera: CameraConfig) -> list[str]:
+    return [line.name for line in camera.detection.lines] if camera.detection is not None else []
+
+
 class _Camera:
     """One camera's state document and what its last frame's tracks were (decode thread)."""
 
-    def __init__(self, name: str, labels: list[str], zones: list[str]) -> None:
+    def __init__(self, name: str, labels: list[str], zones: list[str], lines: list[str]) -> None:
         self.name = name
         self.labels = labels
         self.zone_names = zones
         self.counts = dict.fromkeys(labels, 0)
         self.zones = dict.fromkeys(zones, 0)  # objects (any label) in each zone
+        # crossings (any label) per line and direction since the start; None: the camera has no lines
+        self.crossings = {n: dict.fromkeys(CROSSING_DIRECTIONS, 0) for n in lines} if lines else None
         self.paused = False  # by `pause {"camera": …}` (Home Assistant's switch)
         self.last_event: dict[str, Any] | None = None
         self.tracks: dict[int, tuple[str, tuple[str, ...]]] = {}  # confirmed track id -> (label, zones)
@@ -252,6 +272,7 @@ class _Camera:
             "zones": dict(self.zones),
             "paused": self.paused,
             "last_event": self.last_event,
+            **({"crossings": self.crossings} if self.crossings is not None else {}),
         }
 
 
@@ -294,7 +315,7 @@ class HomeAssistant:
         old = self._cameras
         self._cameras = {}
         for cam in self.cfg.cameras:
-            c = _Camera(cam.name, camera_labels(self.cfg, cam, labels), zone_names(cam))
+            c = _Camera(cam.name, camera_labels(self.cfg, cam, labels), zone_names(cam), line_names(cam))
             if cam.name in old:
                 c.last_event, c.tracks = old[cam.name].last_event, old[cam.name].tracks
                 c.paused = old[cam.name].paused
@@ -320,10 +341,11 @@ class HomeAssistant:
             inside = Counter(z for d in r.detections for z in d.zones)
         counts = {label: seen.get(label, 0) for label in cam.labels}
         zones = {z: inside.get(z, 0) for z in cam.zone_names}
-        if counts == cam.counts and zones == cam.zones and event is None:
+        crossed = _crossed(cam, scene)
+        if counts == cam.counts and zones == cam.zones and crossed == cam.crossings and event is None:
             return
         with self._lock:
-            cam.counts, cam.zones = counts, zones
+            cam.counts, cam.zones, cam.crossings = counts, zones, crossed
             if event is not None:
                 cam.last_event = event
             if self._synced is not None and self.out.connected:
@@ -418,6 +440,17 @@ class HomeAssistant:
             tmp.replace(self.state_file)
         except OSError as exc:
             logger.warning("home assistant: cannot write %s (%s)", self.state_file, exc)
+
+
+def _crossed(cam: _Camera, scene: Scene | None) -> dict[str, dict[str, int]] | None:
+    """The camera's crossings per line and direction now (any label), from its scene's counters."""
+    if cam.crossings is None or scene is None:
+        return cam.crossings
+    out = {line: dict.fromkeys(CROSSING_DIRECTIONS, 0) for line in cam.crossings}
+    for (line, direction, _), n in scene.crossings.items():
+        if line in out:
+            out[line][direction] += n
+    return out
 
 
 def read_published(state_dir: Path) -> list[str]:

@@ -11,6 +11,8 @@ Object events (on ``…/events``, schema ``edged.event/1``, types in ``OBJECT_EV
   object_appeared  a track is confirmed (min_hits detections in a row)
   object_entered   a confirmed track's anchor point enters a zone
   object_left      it leaves the zone (or the track ends inside it)
+  object_crossed   its anchor point crosses a line (lines.py), `direction` in or out; counted per line,
+                   direction and label (`Scene.crossings`: telemetry, /metrics, Home Assistant) whatever `publish`
   object_ended     the track ended; `reason` (one of OBJECT_END_REASONS) says why: lost (max_age frames without
                    a detection), stopped (the daemon stops), or the camera's discontinuity (reconnect,
                    loop, stall, scene_cut: FrameMeta.segment changed), which ends every track of the camera
@@ -35,6 +37,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,12 +50,13 @@ from ..config import CameraConfig, CameraDetectionConfig, DetectionConfig
 from ..decoders import DecodeOptions, Detection
 from ..inference import Result
 from .draw import fit_jpeg
+from .lines import Lines
 from .tracker import Track, Tracker
 from .zones import Polygons, anchor_point
 
 logger = logging.getLogger(__name__)
 
-OBJECT_EVENTS = ("object_appeared", "object_entered", "object_left", "object_ended")
+OBJECT_EVENTS = ("object_appeared", "object_entered", "object_left", "object_ended", "object_crossed")
 # (camera name, seq) -> the frame of that seq (BGR, source size) while the camera keeps it, else None
 FrameSource = Callable[[str, int], "np.ndarray | None"]
 Clock = Callable[[], float]  # seconds, monotonic
@@ -119,6 +123,8 @@ class Scene:
         self.floor = min(self.score, low) if low is not None else self.score
         self.zones = Polygons(d.zones, f"camera {camera}: zone")
         self.masks = Polygons(d.masks, f"camera {camera}: mask")
+        self.lines = Lines(d.lines, f"camera {camera}: line")
+        self.crossings: Counter[tuple[str, str, str]] = Counter()  # (line, in|out, label) -> since the start
         self.tracker = Tracker(d.tracking, self.score) if d.tracking.enabled else None
         self.publish_frames = d.publish in ("frames", "both")
         self.publish_events = d.publish in ("events", "both")
@@ -183,6 +189,8 @@ class Scene:
             if not tentative.confirmed:
                 tentative.extra.setdefault("first_seen", r.meta.captured_at)
                 tentative.extra.setdefault("first_frame", r.meta.frame)
+        if self.lines:
+            self._cross(w, h, self._tick if self.gated else r.meta.seq, events)
         for gone in up.ended:
             events.extend(self._ended(gone, "lost"))
         out.sort(key=lambda d: -d.score)
@@ -224,6 +232,16 @@ class Scene:
             if z not in zones:
                 self._left(track, z, r.meta.captured_at, events)
         x["zones"] = zones
+
+    def _cross(self, w: int, h: int, now: int, events: list[dict[str, Any]]) -> None:
+        """Line crossings of the tracks detected on this frame (lines.py); each takes one event token, and none
+        goes out once the track's appeared was dropped."""
+        for t, c in self.lines.moved(self.tracker.tracks if self.tracker else [], now, self.cfg.anchor, w, h):
+            self.crossings[(c.line, c.direction, t.label)] += 1
+            if not self.publish_events or ("" not in t.extra.get("unsent", ()) and self._budget.take(1)):
+                events.append(self._event("object_crossed", t, line=c.line, direction=c.direction))
+            else:
+                self._drop()
 
     def _open(self, track: Track, key: str) -> bool:
         """Whether an opening event goes out (`key`: "" for the appeared, the zone for an entered): the
@@ -359,7 +377,9 @@ class Scenes:
                     for track in old.tracker.close():
                         if old.publish_events:
                             ended.extend(old._ended(track, "stopped"))
-                self.scenes[c.name] = Scene(c.name, detection, c.detection, self._clock)
+                self.scenes[c.name] = new = Scene(c.name, detection, c.detection, self._clock)
+                kept = {line.name for line in new.lines.configs}  # a line that stays keeps its counts
+                new.crossings.update({k: n for k, n in old.crossings.items() if k[0] in kept})
                 self._settings[c.name] = (detection, c.detection)
                 logger.info("camera %s: scene settings changed (zones, masks, filters, tracking, publish)", c.name)
         return ended
@@ -413,6 +433,14 @@ class Scenes:
         if s is None or not s.publish_events:
             return None
         return {"events": s.events, "events_dropped": s.dropped, "snapshots_dropped": s.snapshots_dropped}
+
+    def crossings(self, camera: str) -> dict[str, dict[str, dict[str, int]]] | None:
+        """A camera's line crossings since the start, {line: {in|out: {label: n}}}; None without lines."""
+        s = self.scenes.get(camera)
+        if s is None or not s.lines:
+            return None
+        with self._lock:
+            return s.lines.counts(s.crossings)
 
     @property
     def dropped(self) -> int:

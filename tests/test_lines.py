@@ -1,0 +1,295 @@
+"""Lines (issue 31 item 3): named lines with an in direction, a track's anchor crossing one giving
+`object_crossed` and counters per line, direction and label in telemetry, /metrics and Home Assistant.
+
+The must-show: on the demo video (its ground truth gives every face box), through a real daemon and a real
+broker, the `object_crossed` events match the crossings computed from the truth boxes' anchors, in count and
+direction, with the tracker's ID switches reported. The demo's faces mostly drift; two lines are drawn
+from its ground truth where faces really cross (picked from the truth, not found in the video): ``door``, a vertical
+line the astronaut walks through left to right (frames 60-134, 6.6 px a frame), and ``sill``, a horizontal
+one that he crosses going up (1.3 px a frame: his detected box wobbles on it, the hysteresis case) and that
+Grace Hopper crosses going down at 0.7 px a frame (frames 150-239).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import cv2
+import jsonschema
+import numpy as np
+import pytest
+
+from edged.daemon.config import Config, load_config
+from edged.daemon.config.cameras import LineConfig
+from edged.daemon.config.remote import load_with_overlay
+from edged.daemon.delivery.homeassistant import discovery_configs
+from edged.daemon.scene.lines import Lines
+from edged.daemon.scene.zones import anchor_point
+from edged.errors import ConfigError
+from edged.models.demo import DemoAssets
+from edged.protocol import EVENT_SCHEMA, schema
+from edged.protocol.schemas import HA_SENSOR_SCHEMA, HA_STATE_SCHEMA, TELEMETRY_SCHEMA
+
+from .conftest import base_config, edged_cli, free_port, wait_until, write_config
+from .test_daemon import iou
+from .test_events import appearances
+from .test_health import get, metrics
+from .test_track_breaks import clip
+
+FIRST, COUNT = 56, 194  # the demo's frames 56-249: the astronaut's walk and Grace Hopper's drift, then nothing
+LINES: list[dict[str, Any]] = [
+    {"name": "door", "points": [[400, 100], [400, 350]], "in_direction": "right"},
+    {"name": "sill", "points": [[100, 225], [330, 225]], "in_direction": "down"},
+]
+
+
+def _line(points: list[list[float]], in_direction: str = "right", **more: Any) -> LineConfig:
+    return LineConfig.model_validate({"name": "l", "points": points, "in_direction": in_direction, **more})
+
+
+def _walk(lines: Lines, path: list[tuple[float, float]], height: float = 100.0) -> list[tuple[int, str, str]]:
+    state: dict[str, Any] = {}
+    return [(i, c.line, c.direction) for i, p in enumerate(path) for c in lines.step(state, p, height, 960, 540)]
+
+
+def test_a_crossing_counts_through_the_segment_once_with_its_direction() -> None:
+    door = Lines([_line([[400, 100], [400, 300]])])  # in: moving right
+    across = [(300.0 + 20 * i, 200.0) for i in range(11)]  # x 300 -> 500 at y 200
+    assert _walk(door, across) == [(6, "l", "in")]  # 400 at i=5, on the line; 420 leaves the 10 px band
+    assert _walk(door, across[::-1]) == [(6, "l", "out")]
+    assert _walk(door, [(x, 350.0) for x, _ in across]) == []  # past the segment's end: not through it
+    # a slanted line, normalised, in: down; a 960x540 frame
+    slant = Lines([_line([[0.2, 0.2], [0.8, 0.6]], "down", normalized=True)])
+    assert _walk(slant, [(480.0, 100.0 + 20 * i) for i in range(15)]) == [(7, "l", "in")]
+    # a track that goes around the line's end and comes back through it: one crossing, the way it came back
+    around = [(300.0, 200.0), (300.0, 340.0), (500.0, 340.0), (500.0, 200.0), (300.0, 200.0)]
+    assert _walk(door, around) == [(4, "l", "out")]
+
+
+def test_jitter_on_the_line_counts_once_with_hysteresis_and_many_times_without() -> None:
+    """A box that wobbles ±4 px on the line for 30 frames, then walks on: one crossing. Hysteresis 0 (what
+    plain segment intersection gives) counts every wobble."""
+    wobble = [(300.0, 200.0), (380.0, 200.0)] + [(400.0 + (4 if i % 2 else -4), 200.0) for i in range(30)]
+    path = [*wobble, (420.0, 200.0), (460.0, 200.0)]
+    assert _walk(Lines([_line([[400, 100], [400, 300]])]), path) == [(32, "l", "in")]
+    naive = _walk(Lines([_line([[400, 100], [400, 300]], hysteresis=0.0)]), path)
+    assert len(naive) == 29 and [d for _, _, d in naive].count("in") == 15  # every wobble, in and out
+    # a wobble that goes back where it came from: nothing
+    assert _walk(Lines([_line([[400, 100], [400, 300]])]), [*wobble, (340.0, 200.0)]) == []
+    # a track first seen on the line has no side until it leaves the band: nothing to count yet
+    assert _walk(Lines([_line([[400, 100], [400, 300]])]), [(403.0, 200.0), (470.0, 200.0)]) == []
+
+
+BAD = [
+    ({"points": [[10, 10], [10, 10]]}, r"lines\[1\]\.points: the two points are the same: a line needs a length"),
+    ({"points": [[10, 10], [11, 10.5]]}, r"lines\[1\]\.points: the line is 1\.11803 long; at least 2 \(pixels\)"),
+    ({"points": [[0.5, 0.5], [0.5, 0.5005]], "normalized": True}, r"lines\[1\]\.points: the line is 0\.0005 long"),
+    ({"points": [[10, 10]]}, r"lines\[1\]\.points: 1 points; a line has two"),
+    ({"points": [[0, 0], [1, 1], [2, 0]]}, r"lines\[1\]\.points: 3 points; a line has two"),
+    ({"points": [[0.1, 0.2], [1.3, 0.2]], "normalized": True}, r"lines\[1\]\.points: normalized points must lie"),
+    ({"points": [[-5, 0], [50, 100]]}, r"lines\[1\]\.points: points must not be negative"),
+    (
+        {"points": [[0, 100], [500, 110]], "in_direction": "right"},
+        r"lines\[1\]\.in_direction: right runs along the line \(a→b\), not across it: .* in_direction: up or down",
+    ),
+    ({"in_direction": "north"}, r"lines\[1\]\.in_direction: Input should be 'left', 'right', 'up' or 'down'"),
+    ({"name": "door"}, r"lines: .*line names must be unique: door given more than once"),
+    ({"name": "front door"}, r"lines\[1\]\.name: must be 1-64 of letters"),
+    ({"hysteresis": -0.1}, r"lines\[1\]\.hysteresis: "),
+]
+
+
+def _config(tmp: Path, lines: list[dict[str, Any]], **detection: Any) -> Path:
+    doc = {
+        "device_id": "cam-box",
+        "model": {"package": "pkg"},
+        "cameras": [
+            {"name": "a", "uri": "synthetic://"},
+            {"name": "b", "uri": "synthetic://", "detection": {"lines": lines, **detection}},
+        ],
+    }
+    return write_config(tmp / "c.yaml", doc)
+
+
+@pytest.mark.parametrize(("bad", "message"), BAD)
+def test_a_degenerate_line_is_refused_with_its_key_path(tmp_path: Path, bad: dict[str, Any], message: str) -> None:
+    """The bad line is the second of the second camera."""
+    line = {"name": "stair", "points": [[100, 100], [100, 300]], "in_direction": "right", **bad}
+    with pytest.raises(ConfigError, match=rf"c\.yaml: cameras\[1\]\.detection\.{message}"):
+        load_config(_config(tmp_path, [LINES[0], line]), environ={})
+
+
+def test_lines_load_and_need_tracking(tmp_path: Path) -> None:
+    own = load_config(_config(tmp_path, LINES), environ={}).cameras[1].detection
+    assert own is not None and [(n.name, n.in_direction, n.hysteresis) for n in own.lines] == [
+        ("door", "right", 0.1),
+        ("sill", "down", 0.1),
+    ]
+    with pytest.raises(ConfigError, match=r"cameras\[1\]\.detection: .*lines need tracking"):
+        load_config(_config(tmp_path, LINES, tracking={"enabled": False}), environ={})
+    with pytest.raises(ConfigError, match=r"lines: List should have at most 32 items"):
+        many = [{**LINES[0], "name": f"l{i}"} for i in range(33)]
+        load_config(_config(tmp_path, many), environ={})
+
+
+def test_check_config_names_the_bad_line(tmp_path: Path) -> None:
+    path = _config(tmp_path, [LINES[0], {"name": "dot", "points": [[5, 5], [5, 5]], "in_direction": "up"}])
+    run = edged_cli("check-config", "-c", str(path), "--no-model")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "c.yaml: cameras[1].detection.lines[1].points: the two points are the same" in run.stderr, run.stderr
+
+
+def test_a_remote_document_may_set_lines_and_a_bad_one_is_refused_by_key_path(tmp_path: Path) -> None:
+    path = _config(tmp_path, [])
+    cfg = load_with_overlay(path, {"cameras": {"b": {"detection": {"lines": LINES}}}}, environ={})
+    own = cfg.cameras[1].detection
+    assert own is not None and [n.name for n in own.lines] == ["door", "sill"]
+    bad = {"cameras": {"b": {"detection": {"lines": [{**LINES[0], "points": [[1, 1], [1, 1]]}]}}}}
+    with pytest.raises(ConfigError, match=r"cameras\.b\.detection\.lines\[0\]\.points: the two points are the same"):
+        load_with_overlay(path, bad, environ={})
+
+
+def test_home_assistant_has_a_counter_per_line_and_direction() -> None:
+    cams = [
+        {"name": "lobby", "uri": "synthetic://", "detection": {"lines": LINES}},
+        {"name": "x", "uri": "synthetic://"},
+    ]
+    cfg = Config.model_validate({"device_id": "cam-1", "model": {"package": "/x"}, "cameras": cams})
+    configs = discovery_configs(cfg, ["face"])
+    lines = {d["name"]: d for t, d in configs.items() if "_line_" in t}
+    assert sorted(lines) == ["lobby door in", "lobby door out", "lobby sill in", "lobby sill out"]
+    for doc in lines.values():
+        jsonschema.Draft202012Validator(schema(HA_SENSOR_SCHEMA)).validate(doc)
+        assert doc["state_class"] == "total_increasing" and doc["state_topic"] == "edged/cam-1/ha/lobby"
+    assert lines["lobby sill out"]["value_template"] == "{{ value_json.crossings['sill']['out'] | default(0) }}"
+
+
+# --- the must-show: the demo video through the daemon ---------------------------------------------------
+
+
+def truth_crossings(apps: list[dict[int, list[float]]]) -> list[tuple[int, str, str, int]]:
+    """(appearance, line, in|out, frame) wherever a truth anchor's step crosses a line's segment: plain
+    geometry on the true boxes (which do not jitter), independent of the daemon's code."""
+    out = []
+    for k, a in enumerate(apps):
+        frames = sorted(a)
+        for f0, f1 in itertools.pairwise(frames):
+            p, q = (anchor_point((a[f][0], a[f][1], a[f][2], a[f][3]), "center") for f in (f0, f1))
+            for line in LINES:
+                (ax, ay), (bx, by) = line["points"]
+                side = [(bx - ax) * (y - ay) - (by - ay) * (x - ax) for x, y in (p, q)]
+                if side[0] * side[1] >= 0:
+                    continue
+                t = side[0] / (side[0] - side[1])  # where the step meets the infinite line
+                x, y = p[0] + t * (q[0] - p[0]), p[1] + t * (q[1] - p[1])
+                if min(ax, bx) - 1e-9 <= x <= max(ax, bx) + 1e-9 and min(ay, by) - 1e-9 <= y <= max(ay, by) + 1e-9:
+                    move = {"right": (1, 0), "left": (-1, 0), "down": (0, 1), "up": (0, -1)}[line["in_direction"]]
+                    going = (q[0] - p[0]) * move[0] + (q[1] - p[1]) * move[1]
+                    out.append((k, line["name"], "in" if going > 0 else "out", f1))
+    return out
+
+
+def test_crossings_on_the_demo_video_match_the_truth(
+    broker, subscribe, start_daemon, demo: DemoAssets, tmp_path: Path
+) -> None:
+    truth = [f for f in json.loads(demo.ground_truth.read_text())["frames"] if FIRST <= f["frame"] < FIRST + COUNT]
+    apps = appearances([{**f, "frame": f["frame"] - FIRST} for f in truth])  # in the clip's frame numbers
+    expected = truth_crossings(apps)
+    assert sorted((line, d) for _, line, d, _ in expected) == [("door", "in"), ("sill", "in"), ("sill", "out")]
+    video = clip(demo.video, tmp_path / "walk.mp4", FIRST, COUNT)
+    sub, ha_sub = subscribe(broker, "edged/#"), subscribe(broker, "homeassistant/#")
+    port = free_port()
+    cam = {
+        "name": "lobby",
+        "uri": f"file://{video}",
+        "realtime": False,
+        "detection": {"lines": LINES, "tracking": {"min_hits": 3, "max_age": 5}, "publish": "both"},
+    }
+    cfg = base_config(
+        broker, demo, tmp_path, [cam], homeassistant={"enabled": True},
+        health={"enabled": True, "port": port, "live_view": True},
+    )  # fmt: skip
+    d = start_daemon(write_config(tmp_path / "c.yaml", cfg))
+    scrapes: list[dict[Any, float]] = []
+    views: list[bytes] = []
+    while d.proc.poll() is None:  # /metrics while it runs (it stops at the clip's end): the last scrape counts
+        if not views and (view := get(port, "/live/frame?camera=lobby"))[0] == 200:
+            views.append(view[2])
+        if get(port, "/healthz")[0] == 200:
+            with contextlib.suppress(AssertionError, ValueError):  # going down mid-scrape
+                scrapes.append(metrics(port))
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            d.proc.wait(0.3)
+    assert d.proc.returncode == 0, d.output()[-3000:]
+    wait_until(lambda: any(m.json()["state"] == "stopped" for m in sub.on("status")), 10, "stopped status")
+
+    results = [m.json() for m in sub.messages if "/results/" in m.topic]
+    events = [m.json() for m in sub.messages if m.topic.endswith("/events")]
+    crossed = [e for e in events if e["type"] == "object_crossed"]
+    for e in crossed:
+        jsonschema.validate(e, schema(EVENT_SCHEMA))
+        assert e["camera"] == "lobby" and e["label"] == "face" and e["track_id"] >= 1
+
+    # each track's appearance: the truth box its detections match (IoU >= 0.5), as tests/test_events.py does
+    by_frame = {r["frame"]: r for r in results}
+    track_of: dict[int, int] = {}
+    tracks_of: dict[int, list[int]] = {k: [] for k in range(len(apps))}
+    for k, a in enumerate(apps):
+        for f, box in sorted(a.items()):
+            dets = by_frame[f]["detections"] if f in by_frame else []
+            best = max(dets, key=lambda x: iou(box, x["box"]), default=None)
+            if best is not None and iou(box, best["box"]) >= 0.5 and best.get("track_id") is not None:
+                track_of.setdefault(best["track_id"], k)
+                tracks_of[k].append(best["track_id"])
+    switches = {k: sum(1 for x, y in itertools.pairwise(ids) if x != y) for k, ids in tracks_of.items()}
+    got = sorted((track_of.get(e["track_id"], -1), e["line"], e["direction"], e["last_frame"]) for e in crossed)
+    # the same anchors without hysteresis (plain segment intersection on the published track boxes)
+    anchors: dict[int, list[tuple[float, float]]] = {}
+    for r in sorted(results, key=lambda r: r["frame"]):
+        for det in r["detections"]:
+            if det.get("track_id") is not None:
+                anchors.setdefault(det["track_id"], []).append(anchor_point(tuple(det["box"]), "center"))
+    plain = Lines([LineConfig.model_validate({**n, "hysteresis": 0.0}) for n in LINES])
+    naive = sum(len(_walk(plain, path)) for path in anchors.values())
+    report = (
+        f"truth crossings (appearance, line, direction, frame): {sorted(expected)}\n"
+        f"object_crossed (appearance, line, direction, frame): {got}\n"
+        f"tracks per appearance: { {k: sorted(set(v)) for k, v in tracks_of.items()} }, "
+        f"ID switches per appearance: {switches}\n"
+        f"plain segment intersection on the same published boxes (no hysteresis): {naive} crossings"
+    )
+    print("\n" + report)
+    assert sorted((k, line, d) for k, line, d, _ in got) == sorted((k, line, d) for k, line, d, _ in expected), report
+    for (_, _, _, f_got), (_, _, _, f_true) in zip(sorted(got), sorted(expected), strict=True):
+        assert 0 <= f_got - f_true <= 30, report  # settled past the band within 2 s of video of the true crossing
+
+    # the counters: telemetry (the last document, at the stop), Home Assistant's state, /metrics' last scrape
+    tel = [m.json() for m in sub.on("telemetry")][-1]
+    jsonschema.validate(tel, schema(TELEMETRY_SCHEMA))
+    want = {"door": {"in": {"face": 1}, "out": {}}, "sill": {"in": {"face": 1}, "out": {"face": 1}}}
+    assert tel["cameras"]["lobby"]["crossings"] == want, tel["cameras"]["lobby"]
+    states = [m.json() for m in sub.messages if m.topic == "edged/test-01/ha/lobby" and m.payload]
+    for st in states:
+        jsonschema.validate(st, schema(HA_STATE_SCHEMA))
+    assert states[-1]["crossings"] == {"door": {"in": 1, "out": 0}, "sill": {"in": 1, "out": 1}}
+    ha = {m.topic: m.json() for m in ha_sub.messages if "_line_" in m.topic and m.payload}
+    assert len(ha) == 4, list(ha)
+    assert scrapes, d.output()[-2000:]
+    counted = {
+        (dict(labels)["line"], dict(labels)["direction"]): v
+        for (name, labels), v in scrapes[-1].items()
+        if name == "edged_line_crossings_total"
+    }
+    assert counted == {("door", "in"): 1, ("sill", "in"): 1, ("sill", "out"): 1}, counted
+
+    # the live view draws the lines (yellow: scene/draw.py's LINE_BGR) where the config puts them
+    assert views, "a live view frame"
+    img = cv2.imdecode(np.frombuffer(views[0], np.uint8), cv2.IMREAD_COLOR)
+    assert img is not None and img.shape[:2] == (540, 960), "a JPEG of the source's size"
+    b, g, r = (int(v) for v in img[200, 400])  # on the door line, between its ends
+    assert b < 100 and g > 150 and r > 180, (b, g, r)
