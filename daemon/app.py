@@ -432,6 +432,7 @@ class Daemon:
                 if not self.publisher.network_alive():
                     self.publisher.restart_network()
                 self.models.check_probation(now)
+                self.models.record_output(now)  # the serving version's output, in the store once a minute
                 for c in self.cameras:  # a camera that is down: its tracks end now, not when it comes back
                     if reason := c.down_reason:
                         for ev in self.scenes.end_tracks(c.name, reason, c.segment):

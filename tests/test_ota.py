@@ -419,8 +419,8 @@ def tree(root: Path) -> dict[str, str]:
     out = {}
     for p in sorted(root.rglob("*")):
         rel = str(p.relative_to(root))
-        if rel.startswith(("spool.db", "staging", "ota")):
-            continue  # the result spool changes all the time; scratch is not the store
+        if rel.startswith(("spool.db", "staging", "ota")) or rel.endswith("/output.json"):
+            continue  # the result spool and the output record change all the time; scratch is not the store
         out[rel] = "-> " + os.readlink(p) if p.is_symlink() else (str(p.stat().st_size) if p.is_file() else "dir")
     return out
 

@@ -4,6 +4,7 @@ on the same cameras is rolled back, with the figures in the event."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -90,3 +91,28 @@ def test_a_version_that_detects_nothing_is_rolled_back_with_the_figures(
     assert reason.startswith("output collapse: 0.00 detections per frame") and "before (under 1/10)" in reason
     assert [x for x in sub.results() if x["model"]["version"] == 2 and x["detections"]] == []
     wait_results(sub, 1, n=len([x for x in sub.results() if x["model"]["version"] == 1]) + 5)  # v1 serves again
+
+
+def test_the_output_is_judged_after_the_latency_passed() -> None:
+    """With a latency baseline (every swap has one, and a restart that recorded one), a version as fast as
+    the old one that sees nothing is still rolled back: the output is judged once its window is full."""
+    from edged.daemon.config import ModelConfig
+    from edged.daemon.inference import ActiveModel
+    from edged.daemon.lifecycle.probation import Probation, probation_verdict
+
+    cfg = ModelConfig(name="faces", probation_output_frames=200)  # probation_latency_ratio 2, output ratio 10
+    cpu = SimpleNamespace(cpu_bound=True)
+    a = ActiveModel(backend=cpu, decoder=None, name="faces", version=2)  # type: ignore[arg-type]
+    for _ in range(100):  # as fast as the old one: the latency passes
+        a.cost_ms.add(4.0)
+        a.batches += 1
+    a.rows, a.detections, a.score_sum = 150, 0, 0.0
+    p = Probation(2, 0.0, 4.0, 0, OutputFigures(200, 210, 190.0))
+    assert probation_verdict(p, a, cfg) == ""  # 150 frames: its window is not full yet
+    a.rows = 200
+    assert probation_verdict(p, a, cfg).startswith("output collapse: 0.00 detections per frame")
+    a.detections, a.score_sum = 190, 170.0
+    assert probation_verdict(p, a, cfg) == ""
+    for _ in range(300):  # twice as slow and more: the latency verdict comes first
+        a.cost_ms.add(9.0)
+    assert probation_verdict(p, a, cfg).startswith("latency regression: median batch 9.0 ms vs 4.0 ms")

@@ -11,8 +11,10 @@ its version is marked bad.
 
 Probation (the version the store has pending): it is rolled back, and marked bad, at its first
 inference or decoding error, when its median batch time exceeds the replaced version's by
-`model.probation_latency_ratio`, or when the daemon crashed more than `model.probation_max_crashes`
-times while judging it (counted across restarts in state.json). It is committed after
+`model.probation_latency_ratio`, when its output collapses or explodes next to the replaced version's
+(in memory at a swap; after a restart as the store recorded it: probation.py's OutputRecorder), or when
+the daemon crashed more than `model.probation_max_crashes` times while judging it (counted across
+restarts in state.json). It is committed after
 `model.probation_s` seconds and `model.probation_batches` batches. Outcomes go to ``…/events`` and
 the retained ``…/model/state``.
 
@@ -54,9 +56,9 @@ from .admission import estimate_mb as estimate_mb
 from .admission import golden_check as golden_check
 from .probation import LATENCY_MIN_BATCHES as LATENCY_MIN_BATCHES
 from .probation import MIN_BASELINE_DETECTIONS as MIN_BASELINE_DETECTIONS
+from .probation import OutputRecorder, probation_from_store, probation_verdict
 from .probation import Probation as Probation
 from .probation import output_verdict as output_verdict
-from .probation import probation_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -99,10 +101,10 @@ class ModelManager:
         self.last: dict[str, Any] = {}  # the last swap outcome, for …/model/state
         self.swaps = 0
         self.last_gap_ms = 0.0
+        self.recorder = OutputRecorder(store, cfg.model.probation_output_frames)
         m = package.manifest
         if store is not None and store.state(m.name).pending == m.version:
-            baseline = store.state(m.name).baseline_infer_ms
-            self.probation = Probation(m.version, time.monotonic(), baseline, 0)
+            self.probation = probation_from_store(store, m.name, m.version)
 
     @property
     def active(self) -> ActiveModel:
@@ -171,6 +173,7 @@ class ModelManager:
         current = self.active
         baseline = current.cost_ms.percentiles((50,)).get("p50")
         before = current.recent_output(self.cfg.model.probation_output_frames)
+        self.recorder.record(current)  # the baseline, kept should this probation span a restart
         mode = plan_swap(
             current.backend.memory_bytes / 2**20, estimate_mb(pkg), self._rss_mb(), self.cfg.memory.budget_mb
         )
@@ -225,6 +228,9 @@ class ModelManager:
             if cur is None or cur == self.active.version:
                 return None
             pkg = self.store.current(name)
+            replaced = self.active
+            before = replaced.recent_output(self.cfg.model.probation_output_frames)
+            baseline_ms = replaced.cost_ms.percentiles((50,)).get("p50")
             try:
                 new = self.open_candidate(pkg)
             except EdgedError as exc:
@@ -236,11 +242,12 @@ class ModelManager:
             if old is not None:
                 old.backend.close()
             self.package = pkg
+            self.recorder.record(old)
             st = self.store.state(name)  # on probation after an install; not after `edged model rollback`
-            on_probation = st.pending == pkg.manifest.version
-            self.probation = (
-                Probation(pkg.manifest.version, time.monotonic(), st.baseline_infer_ms, 0) if on_probation else None
-            )
+            self.probation = None
+            if st.pending == pkg.manifest.version:  # judged against the version it replaced, as a swap is
+                baseline_ms = st.baseline_infer_ms or baseline_ms
+                self.probation = Probation(pkg.manifest.version, time.monotonic(), baseline_ms, 0, before)
             self._outcome("model_activated", pkg.ref, previous=old.version if old else None, mode="reload")
             return {"model": {"name": name, "version": pkg.manifest.version}}
 
@@ -305,6 +312,10 @@ class ModelManager:
         return {"from": was, "to": now, "reason": reason, "restart": True}
 
     # ---- probation -------------------------------------------------------------------------
+    def record_output(self, now: float) -> None:
+        """Called by the main loop: the serving version's output into the store, at most once a minute."""
+        self.recorder.tick(now, self.loop.active)
+
     def check_probation(self, now: float) -> None:
         """Called by the main loop: commit, start a rollback, or wait."""
         p = self.probation
@@ -348,6 +359,7 @@ class ModelManager:
 
     def close(self) -> None:
         self._jobs.shutdown(wait=True, cancel_futures=True)
+        self.recorder.record(self.loop.active)  # the newest figures, for a probation after the restart
         if self.store is not None:  # a clean stop is not a crash: the marker goes, whatever probation's state
             self.store.probation_run(self.package.manifest.name, None)  # (a verdict whose rollback was refused)
 

@@ -5,6 +5,7 @@
     <state_dir>/models/<name>/previous -> versions/<v'>
     <state_dir>/models/<name>/state.json                 highest accepted, probation, versions marked bad
     <state_dir>/models/<name>/state.json.bak             its copy, written just before it
+    <state_dir>/models/<name>/output.json                what each version output while it served (store.output)
     <state_dir>/staging/                                   scratch, wiped at start
 
 Every write that must survive a power cut is: write a temp file -> fsync -> os.replace -> fsync the
@@ -40,6 +41,7 @@ from ..package import MANIFEST, Package, _with_labels_file, verify_folder
 from ..signing import SIG_FILE, TrustStore
 from .files import copy_files, crash_at_env_step, fsync_dir, link_atomic, read_head, write_atomic
 from .offer import MAX_FILE_BYTES, Offer, admit, check_offer
+from .output import RecordedOutput, read_outputs, record_output
 from .state import STATE, STATE_BACKUP, ModelState, read_state, rebuilt_state, write_state
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "Installed",
     "ModelState",
     "Offer",
+    "RecordedOutput",
     "Store",
 ]
 
@@ -110,6 +113,15 @@ class Store:
         if cur is None or prev is None or prev == cur or prev in self.state(name).bad:
             raise PackageError(f"model {name!r}: no previous version to roll back to", code=Code.NO_PREVIOUS)
         return verify_folder(self._dir(name) / "versions" / str(prev))
+
+    def recorded_output(self, name: str, version: int | None) -> RecordedOutput | None:
+        """What `version` output while it served, as last recorded (`store.output`); None when unknown."""
+        return None if version is None else read_outputs(self._dir(name)).get(version)
+
+    def record_output(self, name: str, version: int, rec: RecordedOutput) -> int:
+        """Record what `version` outputs (output.json, beside state.json; the entries of versions no longer
+        on disk go); returns the bytes written."""
+        return record_output(self._dir(name), version, rec, self.versions(name))
 
     # ---- start-up recovery -----------------------------------------------------------------
     def recover(self) -> list[str]:
