@@ -28,7 +28,7 @@ from collections.abc import Callable
 from edged import __version__
 from edged.errors import EdgedError
 
-from . import bundle, certs, config, doctor, fleet, keys, model, observe, push, quantize, run
+from . import bundle, certs, clips, config, doctor, fleet, keys, model, observe, push, quantize, run
 
 EPILOG = """\
 examples:
@@ -53,7 +53,7 @@ configuration keys can be overridden per device with EDGED_<SECTION>__<KEY>, e.g
 """
 
 # The order of `edged --help`'s verb list.
-VERBS = (run, doctor, observe, certs, quantize, keys, bundle, model, push, fleet, config)
+VERBS = (run, doctor, observe, certs, quantize, keys, bundle, model, push, fleet, config, clips)
 
 Handler = Callable[[argparse.Namespace], int]
 

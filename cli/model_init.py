@@ -29,7 +29,7 @@ def add_parsers(msub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--version", type=int, default=1, help="package version (default 1)")
     # edged.models.init.recognise.DECODERS, written out: the parser loads no part (tests/test_layout.py);
     # tests/test_decoder_names.py holds this help to that list
-    p.add_argument("--decoder", help="yolov8, yolov5, yolox, efficient_nms, picodet, ssd_anchors or classify")
+    p.add_argument("--decoder", help="yolov8, yolov5, yolox, efficient_nms, picodet, ssd_anchors, classify or ctc")
     p.add_argument(
         "--batch",
         help="fixed batch, or several (1,2,4: one model file each; the daemon runs the smallest that covers the "

@@ -11,6 +11,15 @@ from .broker import add_broker_flags, broker_flags
 
 if TYPE_CHECKING:
     from edged.daemon.config import MqttConfig
+    from edged.protocol.shadow import ShadowAsk
+
+TIMEOUT_S = 900  # a wave's default bound; a --shadow push adds its --max-s (edged.deploy.rollout.TIMEOUT_S)
+SHADOW_FLAGS = ("sample_fps", "promote_if", "min_frames", "min_detections", "min_s", "max_s")
+# the documented defaults, as the device takes them (`ShadowAsk`); written out so --help loads no pydantic
+DEFAULTS_TEXT = (
+    "--sample-fps 1 --promote-if 'agreement>=0.95,recall>=0.95,precision>=0.95,latency<=1.5' --min-frames 100 "
+    "--min-detections 30 --min-s 20 --max-s 900"
+)
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,11 +31,18 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "reports. Resumes across broker outages and device restarts. A push is a rollout: waves, an abort "
         "threshold, and a state file from which a stopped push resumes (the same command again, or --resume). "
         "Exit 0 when every device succeeded, 1 when any did not (each is listed), 3 when the rollout aborted "
-        "(over --max-failures), 130 when stopped (resumable).",
+        "(over --max-failures), 130 when stopped (resumable). With --shadow each device first runs the candidate "
+        "beside the serving version on a sample of its live frames and promotes it only when the evidence passes "
+        "--promote-if; a rejected candidate (its figures shown) is a failure like any other.",
         epilog="examples:\n  edged push faces-8.tar --device orin-07\n"
         "  edged push faces-8.tar --group dock --canary 2 --wait commit -c operator.yaml\n"
         "  edged push faces-8.tar --group dock --waves 1,10,50,100 --max-failures 2%\n"
-        "  edged push --resume ~/.local/state/edged/rollouts/faces@8-group-dock.json",
+        "  edged push --resume ~/.local/state/edged/rollouts/faces@8-group-dock.json\n"
+        "  edged push faces-9.tar --group dock --waves 10,100 --shadow --promote-if 'agreement>=0.95,recall>=0.98'\n"
+        f"\nshadow defaults: {DEFAULTS_TEXT}\n"
+        "  figures: agreement (matched / the larger count), recall and precision against the serving model,\n"
+        "  latency (the candidate's cost per image over the serving one's), score_shift; a scene that gives too\n"
+        "  little evidence by --max-s ends no_evidence, never a pass",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     push.add_argument(
@@ -75,7 +91,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="after the last wave, follow the group's offline devices this long as they come back and take "
         "the group's retained offer (default 0)",
     )
-    push.add_argument("--timeout", type=float, default=900.0, metavar="S", help="per wave (default 900)")
+    push.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help=f"per wave (default {TIMEOUT_S:g}; with --shadow, {TIMEOUT_S:g} plus --max-s)",
+    )
     push.add_argument(
         "--discover-s",
         type=float,
@@ -101,9 +122,47 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         action="store_true",
         help="stop the transfer each --device runs (no package): it drops its files and publishes cancelled",
     )
+    add_shadow_flags(push)
     push.add_argument("-c", "--config", type=Path, help="a config file whose mqtt section to use (TLS, credentials)")
     add_broker_flags(push)
     push.set_defaults(func=_push)
+
+
+def add_shadow_flags(push: argparse.ArgumentParser) -> None:
+    """``--shadow`` and its evidence: each None unless given (the ask's documented defaults then)."""
+    g = push.add_argument_group("shadow evaluation (promote on evidence from the device's live frames)")
+    g.add_argument(
+        "--shadow",
+        action="store_true",
+        help="run the candidate beside the serving version first; swap only when its report passes --promote-if",
+    )
+    g.add_argument("--sample-fps", type=float, metavar="F", help="frames per second per camera the candidate runs")
+    g.add_argument(
+        "--promote-if",
+        metavar="RULES",
+        help="thresholds on the report's totals, e.g. 'agreement>=0.95,recall>=0.98,latency<=1.2' "
+        "(figures: agreement, recall, precision >= a share; latency, score_shift <= a bound)",
+    )
+    g.add_argument("--min-frames", type=int, metavar="N", help="frames evaluated before a verdict")
+    g.add_argument("--min-detections", type=int, metavar="N", help="detections (either model's) before a verdict")
+    g.add_argument("--min-s", type=float, metavar="S", help="seconds of evaluation before a verdict")
+    g.add_argument("--max-s", type=float, metavar="S", help="without the evidence by then: no_evidence (rejected)")
+    g.add_argument("-v", "--verbose", action="store_true", help="show each camera's shadow figures too")
+
+
+def shadow_from(args: argparse.Namespace) -> ShadowAsk | None:
+    """The offer's shadow ask from the flags; None without --shadow. ValueError (a usage error) naming the bad
+    flag or --promote-if term, or an evidence flag given without --shadow."""
+    from edged.deploy.promote import shadow_ask
+
+    given = [f for f in SHADOW_FLAGS if getattr(args, f) is not None]
+    if args.resume is not None and (args.shadow or given):
+        raise ValueError("--resume takes the shadow ask the rollout recorded; no --shadow flags with it")
+    if not args.shadow:
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} needs --shadow")
+        return None
+    return shadow_ask(**{f: getattr(args, f) for f in SHADOW_FLAGS})
 
 
 def _broker(args: argparse.Namespace) -> MqttConfig:
@@ -130,6 +189,11 @@ def _push(args: argparse.Namespace) -> int:
             return 0
         print("edged push: error: name the devices (--device ID, repeatable) or a --group", file=sys.stderr)
         return 2
+    try:
+        shadow = shadow_from(args)
+    except ValueError as exc:
+        print(f"edged push: error: {exc}", file=sys.stderr)
+        return 2
     mirror = None
     if args.mirror or args.mirror_url:
         try:
@@ -152,6 +216,8 @@ def _push(args: argparse.Namespace) -> int:
         state=args.state,
         resume=args.resume,
         wait_offline_s=args.wait_offline,
+        shadow=shadow,
+        verbose=args.verbose,
     )
 
 

@@ -65,12 +65,26 @@ def line_for(topic: str, doc: dict[str, Any]) -> str:
             f"telemetry  {inf.get('fps')} inferences/s  infer p50 {inf.get('infer_ms', {}).get('p50')} ms  "
             f"rss {mem.get('rss_mb')} MB (peak {mem.get('peak_rss_mb')})  [{cams}]"
         )
+    if kind == topics.SHADOW:
+        return shadow_line(doc)
     if kind == "status":
         refused = "".join(
             f"  REFUSED {r.get('topic')} ({r.get('reason')})" for r in doc.get("refused_subscriptions") or []
         )
         return f"status  {doc.get('state')}  model={doc.get('model')}  boot_id={str(doc.get('boot_id'))[:8]}{refused}"
     return f"{topic}  {json.dumps(doc)[:200]}"
+
+
+def shadow_line(doc: dict[str, Any]) -> str:
+    """A shadow report (``edged.shadow/1``): the candidate against the serving version, its totals, each camera."""
+    from edged.deploy.promote import ShadowView, figures_text  # no device runtime: protocol and words only
+
+    view = ShadowView()
+    view.take_report(doc)
+    cand, serving = doc.get("candidate") or {}, doc.get("serving") or {}
+    ref = f"{cand.get('name')}@{cand.get('version')} vs {serving.get('name')}@{serving.get('version')}"
+    cams = "; ".join(f"{cam}: {figures_text(figs)}" for cam, figs in sorted(view.per_camera.items()))
+    return f"shadow  {ref}  {view.line()}" + (f"  [{cams}]" if cams else "")
 
 
 SNAPSHOT_WAIT_S = 30.0  # how long --snapshot keeps asking (a camera without a frame yet, the rate limit)

@@ -33,12 +33,14 @@ from edged.protocol.schemas import EVENT_SCHEMA
 from .backends import Backend
 from .capture.camera import Camera, Throttle, join_all
 from .capture.preprocess import Preprocessor
+from .cascade.pipeline import build_cascade
 from .config import Config
 from .control import Control, remote_config
 from .delivery.commands import Commands
 from .delivery.homeassistant import HomeAssistant
 from .delivery.publisher import Publisher, iso
 from .delivery.spool import Spool
+from .delivery.upload import Uploader
 from .diagnose import LogRing
 from .health import HealthServer, Probe
 from .host import affinity
@@ -53,8 +55,12 @@ from .lifecycle.ota import OtaReceiver
 from .lifecycle.ota.group_offer import GroupOffers
 from .lifecycle.remote import RemoteConfig, startup_config
 from .liveness import Liveness
-from .liveview import LiveView
+from .liveview import LiveView, read_token
 from .parts import Parts
+from .record.labelling import LabelFrames, score_thresholds
+from .record.mux import write_mp4
+from .record.planner import ClipPlanner, build_clips
+from .record.store import ClipsHTTP
 from .scene.scenes import Scenes, decode_options
 from .telemetry import RunSummary, Telemetry
 
@@ -99,6 +105,7 @@ class Daemon:
         self.stop_reason = ""  # set when the governor stops the daemon (memory hard limit, critical heat)
         self.failure = ""  # set when a thread died and the daemon stops for systemd to restart it
         self.remote: RemoteConfig | None = None  # signed config documents (lifecycle/remote.py)
+        self.clips: ClipPlanner | None = None  # clips from events (record/), where a camera records
         try:
             self._start(backend)
         except BaseException as exc:
@@ -113,12 +120,19 @@ class Daemon:
         self.cfg, self.remote_config_error = startup_config(self.cfg, self.config_path)  # stored documents
         self._open_state_dir()
         opened = self._open_model(backend)
+        self._build_uploads(opened.package)
         self._build_frame_path(opened)
         self._build_model_manager(opened.package)
         self._build_delivery()
+        self.cascade = build_cascade(self.cfg, opened.package, self.cameras, self.publisher.submit)
         self._build_governor()
         self._build_surfaces()
         self._build_consumers()
+        self._build_clips()
+        if self.cascade is not None:  # the stages' counters in telemetry and on /metrics (cascade/)
+            self.telemetry.stages = self.cascade.stats
+            if self.health is not None:
+                self.health.probe.stages = self.cascade.stats
 
     def _open_state_dir(self) -> None:
         """Staging wiped (scratch), the model store recovered (when the config names a model), the spool."""
@@ -138,6 +152,15 @@ class Daemon:
         self.backend_name = opened.backend.name
         return opened
 
+    def _build_uploads(self, package: Package) -> None:
+        """The uploader (with `upload:`) and the frames worth labelling (with `labelling.enabled`); started in run()."""
+        cfg = self.cfg
+        self.uploader = Uploader(cfg.upload, cfg.state_dir, self.stop_event) if cfg.upload is not None else None
+        self.labelling: LabelFrames | None = None
+        if cfg.labelling.enabled:
+            th = score_thresholds(cfg.detection, cfg.cameras)
+            self.labelling = LabelFrames(cfg.labelling, cfg.state_dir, package.labels, self.uploader, th)
+
     def _build_frame_path(self, opened: Opened) -> None:
         """Cameras (latest-frame slots), their scenes, and the inference loop that batches their frames."""
         cfg = self.cfg
@@ -151,6 +174,7 @@ class Daemon:
         self.scenes = Scenes(cfg.detection, cfg.cameras, lambda name, seq: by_name[name].frame_for(seq))
         for c in self.cameras:  # an event's crop is cut from its own frame, kept until its result is decoded
             c.keep_taken = self.scenes.crops(c.name) or cfg.health.live_view  # the live view draws on it too
+            c.keep_taken = c.keep_taken or cfg.labelling.sampling  # near-threshold frames kept for labelling
         m = opened.package.manifest
         active = ActiveModel(opened.backend, opened.decoder, m.name, m.version)
         wait_s = cfg.inference.max_wait_ms / 1000.0
@@ -169,7 +193,9 @@ class Daemon:
             self._publish_model_state,
             rss_mb,
             restart=self._restart,
+            publish_shadow=lambda doc: self.publisher.set_retained(topics.SHADOW, doc),  # lifecycle/shadow.py
         )
+        self.models.labels = self.labelling  # a shadowed candidate's disagreeing frames (lifecycle/shadow.py)
 
     def _build_delivery(self) -> None:
         """The command channel, the publisher (spool, broker session, inbox) and, with a model store and
@@ -226,6 +252,8 @@ class Daemon:
             ota=self.ota,
         )
         self.telemetry = Telemetry(self.parts)
+        self.telemetry.uploads = self.uploader.stats if self.uploader is not None else None
+        self.telemetry.labelling = self.labelling.stats if self.labelling is not None else None
         self.control = Control(self.parts, self.telemetry, self.config_path)
         self.control.register(self.commands, self.ota)
         self.control.on_event = self._event
@@ -257,6 +285,23 @@ class Daemon:
             probe = Probe(self.parts, self.telemetry, lambda: self._health(time.monotonic(), stall_s))
             live = LiveView(cfg.health, self.parts, self.telemetry) if cfg.health.live_view else None
             self.health = HealthServer(cfg.health, probe, live)
+            self.health.labelling = self.labelling  # /labelling…, and the counters of both on /metrics
+            self.health.probe.uploads = self.uploader.stats if self.uploader is not None else None
+            self.health.probe.labelling = self.labelling.stats if self.labelling is not None else None
+
+    def _build_clips(self) -> None:
+        """Cameras with record: and a ring: the clip store (recovered), the planner (events -> clips, its own
+        thread) and what reads them: the `clips` verb, telemetry, /metrics and the /clips paths."""
+        self.clips = build_clips(self.cfg, self.cameras, write_mp4, self._event, self.uploader)
+        if self.clips is None:
+            return
+        self.control.clips = self.clips.store
+        self.telemetry.clips = self.clips.summary
+        if self.health is not None:
+            self.health.probe.clips = self.clips.summary
+            tf = self.cfg.health.token_file
+            read_token(tf)  # checked at the start; read again per request (a rotated token is taken up)
+            self.health.clips = ClipsHTTP(self.clips.store, None if tf is None else lambda: read_token(tf))
 
     def _start_failed(self, exc: BaseException) -> None:
         """A start that ends in an error releases what it holds (the probation marker: `ModelLoader.start_failed`)."""
@@ -294,10 +339,16 @@ class Daemon:
             self.health.live.record(r)  # a reference kept: nothing drawn unless someone watches
         if self.homeassistant is not None:
             self.homeassistant.observe(r)
+        if self.labelling is not None and self.labelling.cfg.sampling:  # cheap unless a frame is sampled
+            cam = next(c for c in self.cameras if c.name == r.camera)
+            ref = f"{r.model_name}@{r.model_version}"
+            self.labelling.observe(r.camera, r.detections, ref, lambda: cam.frame_for(r.meta.seq), time.monotonic())
         if frames:
-            self.publisher.submit(r)
+            (self.cascade.submit if self.cascade is not None else self.publisher.submit)(r)  # stages, then publisher
 
     def _event(self, doc: dict[str, Any]) -> None:
+        if self.clips is not None:
+            self.clips.observe(doc)  # an object event of a recording camera opens or joins a clip, and names it
         event = {
             "schema": EVENT_SCHEMA,
             "device": self.cfg.device_id,
@@ -366,6 +417,10 @@ class Daemon:
         self.loop.cores = affinity.dedicate(self.cfg.inference.dedicated_core, cpu, self.cfg.model.onnxruntime.threads)
         self.commands.start()
         self.publisher.start()
+        if self.uploader is not None:
+            self.uploader.start()
+        if self.labelling is not None:
+            self.labelling.start()
         for ev in self.loader.events:
             self._event(ev)
         self.models.publish_state()
@@ -375,8 +430,12 @@ class Daemon:
             self.group_offers.start()
         if self.remote is not None:
             self.remote.start()
+        if self.clips is not None:
+            self.clips.start()  # before the cameras: a first event's pre-roll is pulled from the ring at once
         for c in self.cameras:
             c.start()
+        if self.cascade is not None:
+            self.cascade.start()
         self.loop.start()
         if self.governor is not None:
             self.governor.start()
@@ -516,10 +575,18 @@ class Daemon:
             self.governor.stop()
         join_all(self.cameras, 5.0)  # in parallel: several hung sources cost one bound, not one each
         self.loop.join(10.0)
+        if self.labelling is not None:
+            self.labelling.stop()
+        if self.uploader is not None:
+            self.uploader.stop()
+        if self.cascade is not None:
+            self.cascade.join(10.0)  # what the stages have queued runs, then results still waiting go on
         if self.ota is not None:
             self.ota.join(10.0)
         for ev in self.scenes.close():  # the tracks still alive end with the cameras
             self._event(ev)
+        if self.clips is not None:
+            self.clips.join()  # the open clips written from what the rings hold, their clip_ready events queued
         try:
             self.publisher.publish_json(topics.TELEMETRY, self.telemetry.document(), qos=0, retain=True)
         finally:
@@ -529,6 +596,8 @@ class Daemon:
             active = self.loop.active
             if active is not None:
                 active.backend.close()
+            if self.cascade is not None:
+                self.cascade.close()
             self.lock.release()
             if self.health is not None:
                 self.health.stop()

@@ -14,6 +14,7 @@ time) is commands.py; this is what each verb does to the running daemon.
     cancel     stop the running OTA transfer and drop its files (``edged push --cancel``)
     diagnose   doctor, the newest log lines, the config without secrets, spool and store, in parts
                (diagnose.py; ``edged diagnose``)
+    clips      the clip store's list (record/store.py), newest first: camera, since, limit    idempotent
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 from edged.errors import Code, ConfigError, EdgedError
 from edged.protocol import topics
-from edged.protocol.commands import DIAGNOSE_VERB
+from edged.protocol.commands import CLIPS_VERB, DIAGNOSE_VERB, ClipsArgs
 from edged.protocol.ota import CANCEL_VERB
 
 from .capture.camera import Camera
@@ -43,6 +44,7 @@ from .inference import InferenceLoop, Result
 from .lifecycle.ota import MAX_OFFER_BYTES, CancelArgs, OfferArgs, OtaReceiver
 from .lifecycle.remote import RemoteConfig
 from .parts import Parts
+from .record.store import ClipStore, clips_reply
 from .scene.draw import draw, fit_jpeg
 from .scene.scenes import decode_options
 from .telemetry import Telemetry
@@ -58,12 +60,14 @@ RESTART_KEYS = (
     "mqtt",
     "spool",
     "model",
+    "stages",
     "inference",
     "ota",
     "groups",
     "homeassistant",
     "health",
     "remote_config",
+    "clips",
 )
 
 
@@ -100,6 +104,7 @@ class Control:
         # the remote overlay in force (lifecycle/remote.py), merged over the file at each reload; None: none
         self.overlay: Callable[[], dict[str, Any]] | None = None
         self.on_event: Callable[[dict[str, Any]], None] | None = None  # object events a scene swap ends
+        self.clips: ClipStore | None = None  # the clip store, where a camera records (app.py sets it)
 
     def register(self, commands: Commands, ota: OtaReceiver | None) -> None:
         """Every verb on `commands`; `ota`: the receiver of pushed models, None where this daemon takes none."""
@@ -114,6 +119,7 @@ class Control:
         commands.register(CANCEL_VERB, CancelArgs, ota.cancel if ota is not None else self._no_ota, idempotent=False)
         # doctor, the newest log lines, the config in force without secrets, spool and store, in parts (diagnose.py)
         commands.register(DIAGNOSE_VERB, DiagnoseArgs, Diagnose(self.parts).run, idempotent=False)
+        commands.register(CLIPS_VERB, ClipsArgs, self.clips_list, idempotent=True)
 
     def record(self, r: Result) -> None:
         """A result's detections, which a snapshot of its camera draws."""
@@ -193,6 +199,12 @@ class Control:
             "detections": len(self.last_dets.get(cam.name, [])),
         }
 
+    def clips_list(self, args: ClipsArgs) -> dict[str, Any]:
+        """`clips`: the stored clips' sidecars (record/store.py), newest first."""
+        if self.clips is None:
+            raise CommandError("not_supported", "this device records no clips: no camera with record: has a ring")
+        return clips_reply(self.clips, args)
+
     def _no_ota(self, _: OfferArgs | CancelArgs) -> dict[str, Any]:
         why = (
             "ota.enabled is false"
@@ -243,7 +255,16 @@ class Control:
         ended = p.scenes.reconfigure(new.detection, cameras)
         reopened = []
         for cam, c in zip(p.cameras, cameras, strict=True):
-            cam.keep_taken = p.scenes.crops(cam.name) or old.health.live_view  # the live view draws on it too
+            # the frames inference took stay kept for whoever reads them: event crops, the live view, labelling,
+            # the second stages' crops and a running shadow evaluation
+            staged = any(s.cameras is None or cam.name in s.cameras for s in old.stages)
+            cam.keep_taken = (
+                p.scenes.crops(cam.name)
+                or old.health.live_view
+                or old.labelling.sampling
+                or staged
+                or p.models.shadow is not None
+            )
             if cam.cfg.model_copy(update={"detection": None}) != c.model_copy(update={"detection": None}):
                 cam.reconfigure(c)
                 reopened.append(cam.name)

@@ -12,6 +12,7 @@ daemon when a required check fails.
     gstreamer   GStreamer through PyGObject (python3-gi), the capture path of file/rtsp/v4l2/csi/gst
                 cameras; required when a configured camera cannot be opened without it
     gst-nv      NVIDIA elements (nvarguscamerasrc, nvv4l2decoder, nvvidconv) in the registry capture uses
+    encoder     clip encoder: nvv4l2h264enc | x264enc | openh264enc | none, for recording cameras not sending H.264
     capture     each configured camera: the path the daemon opens it on (capture/gstreamer/pipeline.py decides, as
                 the daemon does) and why it cannot be opened on this machine
     tensorrt    imports and its version; required when the model is an engine or is built on the device
@@ -290,6 +291,13 @@ def check_gst_elements(needs: Needs, inspect: str | None = None) -> Check:
     return Check("gst-nv", "warn", f"{detail}: no CSI cameras or hardware decode", NV_FIX)
 
 
+def check_encoder(cfg: Config | None) -> Check:
+    from .capture.gstreamer.encode import encoder_check  # recording (capture/gstreamer/encode.py)
+
+    n = 0 if cfg is None else sum(c.record is not None and not c.uri.startswith("rtsp") for c in cfg.cameras)
+    return Check("encoder", *encoder_check(n))
+
+
 def check_tensorrt(needs: Needs) -> tuple[Check, Any]:
     try:
         import tensorrt
@@ -512,6 +520,7 @@ def run_checks(cfg: Config | None, root: Path = Path("/"), broker_timeout_s: flo
     cameras = None if cfg is None else [_guarded_path(c) for c in cfg.cameras]
     guard("gstreamer", lambda: check_gstreamer(cameras))
     guard("gst-nv", lambda: check_gst_elements(needs))
+    guard("encoder", lambda: check_encoder(cfg))
     if cameras is not None:
         guard("capture", lambda: check_capture(cameras))
     trt_box: list[Any] = [None]

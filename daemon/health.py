@@ -8,6 +8,8 @@
                   503 {"status": "not ready", "reasons": [...]} otherwise (each reason a sentence)
     GET /live     the live view, with ``health.live_view`` (daemon/liveview.py: the page, each camera's view,
                   its own access rule: loopback clients only, or the token)
+    GET /clips    where a camera records: the clip store's list, /clips/<id>.mp4 and .json (daemon/record/store.py
+                  `ClipsHTTP`; loopback clients only, or the token, as /live)
     GET /metrics  OpenMetrics / Prometheus text (prometheus-client), read from the running parts at each
                   scrape: counters for what telemetry counts, gauges for states and sensors, histograms
                   for latencies (since the start, daemon/latency.py's buckets)
@@ -19,6 +21,7 @@ is the rate of the last telemetry interval.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import threading
@@ -26,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -38,12 +42,15 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from edged import __version__
+from edged.errors import ConfigError
 
 from .config.consumers import HealthConfig
 from .host.sensors import process_memory_mb
 from .latency import Histogram
-from .liveview import LiveView
+from .liveview import LiveView, loopback, read_token
 from .parts import Parts
+from .record.labelling import LabelFrames
+from .record.store import ClipsHTTP
 from .telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -60,6 +67,10 @@ class Probe(Collector):
         self.threads = threads
         self.serving = threading.Event()  # set once the model is warm and the parts are started
         self.stopping = threading.Event()
+        self.clips: Callable[[], dict[str, Any]] | None = None  # the clip planner's counters (record/), app.py sets it
+        self.uploads: Callable[[], dict[str, int]] | None = None  # the uploader's counters (delivery/upload.py)
+        self.labelling: Callable[[], dict[str, int]] | None = None  # the frames worth labelling (record/labelling.py)
+        self.stages: Callable[[], dict[str, Any]] | None = None  # second-stage models' counters (cascade/runner.py)
 
     def alive(self) -> tuple[bool, str]:
         if not self.serving.is_set():
@@ -130,9 +141,31 @@ class Probe(Collector):
             "edged_capture_to_result_seconds", "from capture to result, per frame", st.capture_to_result_ms.histogram()
         )
         yield _counter("edged_model_swaps", "model swaps done", p.models.swaps)
+        shadow = p.models.shadow  # a candidate evaluated beside the serving model (lifecycle/shadow.py)
+        yield _gauge("edged_shadow_running", "1 while a candidate shadows the serving model", shadow is not None)
+        yield _counter("edged_shadow_errors", "a shadowed candidate's failures", st.shadow_errors)
+        for key, value in (shadow.gauges() if shadow is not None else {}).items():
+            yield _gauge(f"edged_shadow_{key}", f"the running shadow evaluation: {key} (…/shadow)", value)
         yield from self._mqtt()
         yield from self._memory()
         yield from self._governor()
+        if self.clips is not None:  # the clip store and planner (record/): sizes are gauges, the rest counters
+            for key, value in self.clips().items():
+                make = _gauge if key in ("clips", "bytes", "open", "pending") else _counter
+                yield make(f"edged_clips_{key}", f"clips: {key} (telemetry's clips.{key})", value)
+        for part, stats in (("uploads", self.uploads), ("labelling", self.labelling)):  # sizes are gauges
+            for key, value in (stats() if stats is not None else {}).items():
+                make = _gauge if key in ("queued", "queued_bytes", "failed_kept", "frames", "bytes") else _counter
+                yield make(f"edged_{part}_{key}", f"{part}: {key} (telemetry's {part}.{key})", value)
+        stages = self.stages() if self.stages is not None else {}  # second-stage models (cascade/), by stage
+        for key in ("crops", "batches", "padded_rows", "skipped_reinfer", "dropped", "no_frame", "errors"):
+            if not stages:
+                break
+            text = f"stages: {key} (telemetry's stages.<stage>.{key})"
+            family = CounterMetricFamily(f"edged_stage_{key}", text, labels=["stage"])
+            for name, st in stages.items():
+                family.add_metric([name], float(st[key]))
+            yield family
 
     def _cameras(self) -> Iterable[Metric]:
         up = GaugeMetricFamily("edged_camera_up", "1 while the camera delivers frames", labels=["camera"])
@@ -256,6 +289,8 @@ class HealthServer:
         self.cfg = cfg
         self.probe = probe
         self.live = live
+        self.clips: ClipsHTTP | None = None  # the /clips paths (record/store.py), set by app.py where cameras record
+        self.labelling: LabelFrames | None = None  # the /labelling paths, set by app.py with labelling.enabled
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(probe)
         self._server: ThreadingHTTPServer | None = None
@@ -298,6 +333,16 @@ class HealthServer:
             self._thread.join(5.0)
         self._server = None
 
+    def labelling_answer(self, req: BaseHTTPRequestHandler, path: str, query: str) -> tuple[int, str, bytes]:
+        """/labelling, /labelling/coco.json, /labelling/<key>.jpg (record/labelling.py): to loopback clients, or
+        with health.token_file to any client giving the token (?token= or Authorization: Bearer), as /live."""
+        self.requests += 1
+        if self.labelling is None:
+            return _json(404, {"status": "not found"})
+        if why := _private_refusal(req, query, self.cfg):
+            return 403, "text/plain; charset=utf-8", why.encode() + b"\n"
+        return self.labelling.answer(path)
+
     def answer(self, path: str, accept: str) -> tuple[int, str, bytes]:
         """(status, content type, body) for a GET of `path`."""
         self.requests += 1
@@ -313,7 +358,27 @@ class HealthServer:
             encoder, content_type = choose_encoder(accept)
             return 200, content_type, encoder(self.registry)
         paths = ["/healthz", "/readyz", "/metrics"] + (["/live"] if self.live is not None else [])
+        paths += ["/clips"] if self.clips is not None else []
+        paths += ["/labelling"] if self.labelling is not None else []
         return _json(404, {"status": "not found", "paths": paths})
+
+
+def _private_refusal(req: BaseHTTPRequestHandler, query: str, cfg: HealthConfig) -> str:
+    """Why `req` may not read the device's frames (empty: it may), by /live's rule: loopback clients without
+    ``health.token_file``; with it, whoever gives the token (read per request: rotated with the file)."""
+    if cfg.token_file is None:
+        return "" if loopback(req.client_address[0]) else "loopback clients only (set health.token_file to open it)"
+    try:
+        token = read_token(cfg.token_file) or ""
+    except ConfigError as exc:
+        logger.error("health: %s", exc)
+        return "the token is unreadable on the device"
+    given = parse_qs(query).get("token", [""])[-1]
+    auth = req.headers.get("Authorization", "")
+    given = given or (auth[7:].strip() if auth.startswith("Bearer ") else "")
+    if not given:
+        return "the token is needed: ?token=TOKEN or Authorization: Bearer TOKEN"
+    return "" if token and hmac.compare_digest(given.encode(), token.encode()) else "wrong token"
 
 
 def _json(status: int, doc: dict[str, Any]) -> tuple[int, str, bytes]:
@@ -327,6 +392,13 @@ def _handler(server: HealthServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             path, _, query = self.path.partition("?")
+            if server.clips is not None and (path == "/clips" or path.startswith("/clips/")):
+                server.requests += 1
+                try:
+                    server.clips.handle(self, path, query)  # the list, or a clip's file streamed on this thread
+                except Exception:  # a boundary, as below
+                    logger.exception("health: %s failed", path)
+                return
             if server.live is not None and (path == "/live" or path.startswith("/live/")):
                 server.requests += 1
                 try:
@@ -335,7 +407,10 @@ def _handler(server: HealthServer) -> type[BaseHTTPRequestHandler]:
                     logger.exception("health: %s failed", path)
                 return
             try:
-                status, ctype, body = server.answer(path, self.headers.get("Accept", ""))
+                if server.labelling is not None and (path == "/labelling" or path.startswith("/labelling/")):
+                    status, ctype, body = server.labelling_answer(self, path, query)
+                else:
+                    status, ctype, body = server.answer(path, self.headers.get("Accept", ""))
             except Exception:  # a boundary: one failed scrape is a 500 and a log line, not a dead server
                 logger.exception("health: %s failed", path)
                 status, ctype, body = 500, "text/plain", b"internal error\n"

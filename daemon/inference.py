@@ -14,6 +14,11 @@ waits for it (two buffers: one being run, one being filled).
 A model swap (lifecycle/manager.py) hands the loop a new `ActiveModel` with `flip()`; the loop takes it between two
 batches, so every batch, and every result, belongs to exactly one model version. `flip(None)` holds
 the loop (no batch runs) until the next flip: the stop-the-world swap, when two models do not fit.
+
+A shadowed candidate (lifecycle/shadow.py, an offer with ``shadow``) is handed the serving model's decoded
+rows (`Shadow.observe`, decode thread) and runs on the inference thread between two serving batches, only
+when no serving batch waits, one candidate batch at a time (`Shadow.step`); its outputs are decoded on the
+decode thread and never become results.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -129,6 +135,24 @@ class _Batch:
     rows: list[tuple[str, FrameMeta]]  # camera name and frame of each real row, in batch order
     infer_ms: float
     model: ActiveModel
+    size: int = 0  # the fixed batch it ran at (padding included)
+    own_ms: float = 0.0  # the batch's cost to the inference thread alone (`own_cost_ms`): what a shadow compares
+
+
+class Shadow(Protocol):
+    """A candidate evaluated beside the serving model (lifecycle/shadow.py `ShadowRunner`)."""
+
+    def observe(
+        self, model: ActiveModel, rows: Sequence[tuple[str, FrameMeta]], dets: Sequence[list[Detection]], ms: float
+    ) -> None:
+        """Decode thread: a serving batch decoded (`ms`: its `own_cost_ms` per image, padding counted)."""
+
+    def due(self, now: float) -> bool:
+        """Inference thread: the candidate's turn comes although serving batches wait (its samples are due)."""
+
+    def step(self) -> Callable[[], None] | None:
+        """Inference thread, between two serving batches: at most one candidate batch; what it returns runs on
+        the decode thread (the candidate's decoding and comparison)."""
 
 
 @dataclass
@@ -138,6 +162,7 @@ class InferenceStats:
     padded_rows: int = 0
     by_batch: dict[int, int] = field(default_factory=dict)  # batches run at each fixed batch size
     errors: int = 0
+    shadow_errors: int = 0  # a shadowed candidate's failures (never the serving model's)
     infer_ms: Window = field(default_factory=Window)
     capture_to_result_ms: Window = field(default_factory=Window)
     last_progress: float = field(default_factory=time.monotonic)
@@ -172,7 +197,8 @@ class InferenceLoop:
         self._gathered: deque[_Gathered] = deque()  # filled, for the inference thread (under cond)
         self._next = 0  # round-robin start, so no camera is always first
         self._sized: tuple[ActiveModel | None, tuple[int, ...]] = (None, (spec.batch,))  # the model's batches
-        self._decode_q: queue.Queue[_Batch | None] = queue.Queue(maxsize=2)
+        self._decode_q: queue.Queue[_Batch | Callable[[], None] | None] = queue.Queue(maxsize=2)
+        self.shadow: Shadow | None = None  # set and cleared by lifecycle/shadow.py while a candidate shadows
         self.cores: CoreSplit | None = None  # inference.dedicated_core: the inference thread's core (affinity.py)
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._gather_thread = threading.Thread(target=self._gather_loop, name="gather", daemon=True)
@@ -327,6 +353,7 @@ class InferenceLoop:
                 apply_engine(self.cores)  # never raises: a core gone leaves the thread unpinned, warned
             while True:
                 self._take_flip()
+                self._shadow_step()
                 got = self._next_gathered()
                 if got is not None and self.active is not None:
                     self._run_batch(got, self.active)
@@ -337,6 +364,32 @@ class InferenceLoop:
         finally:
             self._take_flip()  # a swap waiting on this thread is answered, not left hanging
             self._decode_q.put(None)  # the decode thread finishes what is queued, then ends
+
+    def _shadow_step(self) -> None:
+        """One candidate batch, when a candidate shadows and no serving batch waits, or when its samples are due
+        although one waits (`Shadow.due`: a saturated device still evaluates, at the sampled rate): the bound on
+        what shadowing holds a serving batch back is one candidate batch."""
+        shadow = self.shadow
+        if shadow is None:
+            return
+        with self.cond:
+            if self._pending is not None or self.active is None:
+                return  # a swap or a hold comes first
+            busy = bool(self._gathered)
+        if busy and not shadow.due(time.monotonic()):
+            return  # a serving batch comes first
+        try:
+            work = shadow.step()
+        except Exception:  # the candidate's failure: counted, never the serving model's
+            self._count_shadow_error("running")
+            return
+        if work is not None:
+            self._decode_q.put(work)
+
+    def _count_shadow_error(self, stage: str) -> None:
+        self.stats.shadow_errors += 1
+        if self.stats.shadow_errors <= 3 or self.stats.shadow_errors % 100 == 0:
+            logger.exception("shadow candidate: %s failed (%d so far)", stage, self.stats.shadow_errors)
 
     def _gate(self, taken: list[tuple[Camera, int, FrameMeta]]) -> list[tuple[Camera, int, FrameMeta]]:
         """The frames the motion gates let through; the others are released (skipped, counted)."""
@@ -355,7 +408,7 @@ class InferenceLoop:
 
     def _run_batch(self, got: _Gathered, model: ActiveModel) -> None:
         size = self._size_for(model, len(got.rows))
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, th0 = time.perf_counter(), time.process_time(), time.thread_time()
         try:
             # the first `size` rows: a view, no copy (the rows past the frames are padding)
             outputs = model.backend.infer({self.spec.name: self._buffers[got.slot][:size]})
@@ -378,7 +431,8 @@ class InferenceLoop:
         self.stats.last_progress = time.monotonic()
         # Decoding overlaps the next batch's inference; the bounded queue holds the engine back
         # (and so makes cameras drop frames) if decoding ever falls behind.
-        self._decode_q.put(_Batch(outputs, got.rows, infer_ms, model))
+        own_ms = own_cost_ms(model.backend, infer_ms, th0)
+        self._decode_q.put(_Batch(outputs, got.rows, infer_ms, model, size, own_ms))
 
     def _size_for(self, model: ActiveModel, frames: int) -> int:
         """The smallest fixed batch of `model` that holds `frames` (the largest is the spec's batch)."""
@@ -388,6 +442,12 @@ class InferenceLoop:
 
     def _decode_loop(self) -> None:
         while (batch := self._decode_q.get()) is not None:
+            if not isinstance(batch, _Batch):  # a shadowed candidate's batch: decoded and compared, no result
+                try:
+                    batch()
+                except Exception:
+                    self._count_shadow_error("decoding")
+                continue
             m = batch.model  # the model that ran this batch decodes it and names it in its results
             try:
                 dets = m.decoder.decode(batch.outputs, [meta.transform for _, meta in batch.rows], self.opts)
@@ -403,12 +463,24 @@ class InferenceLoop:
                 result = Result(camera, meta, row_dets, batch.infer_ms, done, m.name, m.version)
                 self.stats.capture_to_result_ms.add(result.capture_to_result_ms)
                 self.sink(result)
+            if (shadow := self.shadow) is not None:
+                try:
+                    shadow.observe(m, batch.rows, dets, batch.own_ms / max(1, batch.size))
+                except Exception:
+                    self._count_shadow_error("sampling")
 
     def _count_error(self, stage: str, model: ActiveModel) -> None:
         model.errors += 1
         self.stats.errors += 1
         if self.stats.errors <= 3 or self.stats.errors % 100 == 0:
             logger.exception("%s: batch failed (%d so far); dropping it", stage, self.stats.errors)
+
+
+def own_cost_ms(backend: Backend, wall_ms: float, thread_t0: float) -> float:
+    """A batch's cost to the thread that ran it, in ms, since `thread_t0` (`time.thread_time()`): its own CPU time
+    on a CPU backend (other threads' work and waits left out: two models compared on a loaded machine), else
+    the wall time."""
+    return (time.thread_time() - thread_t0) * 1000.0 if backend.cpu_bound else wall_ms
 
 
 def warm_up(backend: Backend, spec: InputSpec, batches: int) -> float:

@@ -12,7 +12,8 @@ has stopped (`edged run` prints it).
                           [crossings: {line: {in|out: {label: n}}}: cameras with lines]}},
      "inference": {backend, model, swaps, batch, fps, batches, rows, padded_rows, errors, infer_ms, ...},
      "mqtt": {...}, "memory": {rss_mb, peak_rss_mb, model_mb, budget_mb, ...}, "governor": {...},
-     "sensors": {...}, "ota": {...} | null}
+     "sensors": {...}, "ota": {...} | null,
+     [clips: {clips, bytes, written_bytes, removed_age, removed_bytes, ...}: where a camera records]}
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ class Telemetry:
         self.fps = 0.0  # results per second over the last interval, for the status line
         # remote configuration (lifecycle/remote.py's summary: the versions in force by source), when on
         self.remote_config: Callable[[], dict[str, Any]] | None = None
+        self.clips: Callable[[], dict[str, Any]] | None = None  # the clip planner's counters (record/), when on
+        self.uploads: Callable[[], dict[str, int]] | None = None  # the uploader's counters, with upload:
+        self.labelling: Callable[[], dict[str, int]] | None = None  # the frames worth labelling, when on
+        self.stages: Callable[[], dict[str, Any]] | None = None  # the cascade's counters per stage, with stages:
 
     def record(self, r: Result) -> None:
         self.cam_latency[r.camera].add(r.capture_to_result_ms)
@@ -145,6 +150,10 @@ class Telemetry:
             "sensors": sensors,
             "ota": parts.ota.stats() if parts.ota is not None else None,
             **({"config": remote} if remote.get("versions") else {}),  # only with documents in force
+            **({"clips": self.clips()} if self.clips is not None else {}),  # only where a camera records
+            **({"uploads": self.uploads()} if self.uploads is not None else {}),
+            **({"labelling": self.labelling()} if self.labelling is not None else {}),
+            **({"stages": self.stages()} if self.stages is not None else {}),  # second-stage models (cascade/)
         }
 
     def summary(self, stop_reason: str, failure: str) -> RunSummary:

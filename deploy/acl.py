@@ -44,6 +44,7 @@ SITE: Layout = (
     *(("pattern", "device", key) for key in _DEVICE_ROWS),
     ("pattern", "device", "ota_request"),
     ("pattern", "device", "ota_status"),
+    ("pattern", "device", "shadow"),
     """\
 # replies: the default one (…/cmd/<verb>/reply) and a response topic in the device's own namespace,
 # an `edged push` offer's included (…/reply/_push/<transfer>); a command's response topic is confined to

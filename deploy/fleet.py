@@ -6,6 +6,8 @@ What is read (nothing but the broker is involved, and nothing is published but t
     <prefix>/+/model/state   edged.model-state/1: the model's name, active version, probation (and shadow, when
                              a device reports one)
     <prefix>/+/telemetry     edged.telemetry/1: temperatures, the governor's level, the spool's backlog, errors
+    <prefix>/+/shadow        edged.shadow/1: a candidate evaluated beside the serving model (`edged push --shadow`),
+                             shown in the shadow column while it runs
 
 The wait is bounded by the fence `edged push` uses for discovery (deploy/rollout/pusher.py): once
 subscribed, the reader publishes on ``<prefix>/_push/<id>/sync`` and has every retained message of its
@@ -55,7 +57,7 @@ COLUMNS = (
     "spool_rows",
     "last_error",
 )
-SUBSCRIPTIONS = ("status", topics.MODEL_STATE, topics.TELEMETRY)
+SUBSCRIPTIONS = ("status", topics.MODEL_STATE, topics.TELEMETRY, topics.SHADOW)
 
 
 @dataclass
@@ -89,6 +91,7 @@ class Seen:
     published_at: dict[str, float] = field(default_factory=dict)
     model_states: dict[str, dict[str, Any]] = field(default_factory=dict)
     telemetry: dict[str, dict[str, Any]] = field(default_factory=dict)
+    shadows: dict[str, dict[str, Any]] = field(default_factory=dict)  # the newest shadow report
     unreadable: int = 0  # payloads that were not a JSON object
 
 
@@ -176,6 +179,8 @@ class FleetReader:
                 self.seen.model_states[device] = doc
             elif suffix == topics.TELEMETRY:
                 self.seen.telemetry[device] = doc
+            elif suffix == topics.SHADOW:
+                self.seen.shadows[device] = doc
 
 
 def iso(epoch_s: float) -> str:
@@ -211,6 +216,8 @@ def _row(device: str, seen: Seen) -> Row:
     shadow = ms.get("shadow", st.get("shadow"))
     if shadow is not None:
         r.shadow = shadow if isinstance(shadow, str) else json.dumps(shadow, separators=(",", ":"))
+    elif (seen.shadows.get(device) or {}).get("state") == "running":  # an evaluation under way (a finished
+        r.shadow = _shadow_cell(seen.shadows[device])  # one's verdict is the push's and the model state's)
     r.telemetry_ts = _str(tel.get("ts"))
     temps = ((tel.get("sensors") or {}).get("temps_c") or {}).values()
     numbers = [float(t) for t in temps if isinstance(t, (int, float))]
@@ -225,6 +232,15 @@ def _row(device: str, seen: Seen) -> Row:
     r.spool_rows = spool if isinstance(spool, int) else None
     r.last_error = _last_error(st, ms, tel)
     return r
+
+
+def _shadow_cell(doc: dict[str, Any]) -> str:
+    """``faces@4 120 frames agreement 0.97``: the candidate of a running shadow report and how far it got."""
+    cand = doc.get("candidate") or {}
+    totals = doc.get("totals") or {}
+    cell = f"{cand.get('name')}@{cand.get('version')} {_num(totals.get('frames'))} frames"
+    agreement = totals.get("agreement")
+    return cell + (f" agreement {agreement:.2f}" if isinstance(agreement, (int, float)) else "")
 
 
 def _last_error(st: dict[str, Any], ms: dict[str, Any], tel: dict[str, Any]) -> str | None:

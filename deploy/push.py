@@ -27,6 +27,10 @@ HTTP(S)), which drops its files and publishes ``cancelled``; a push following it
 With ``--mirror`` (`edged.deploy.mirror`) the offer names where the files are on a web server and the
 devices download them from there over HTTP(S); the pusher then serves no bytes itself.
 
+With ``--shadow`` (`edged.deploy.promote`) the offer asks each device to evaluate the candidate on its live
+frames beside the serving version first: the pusher follows each device's ``…/shadow`` report (shown live),
+and the device ends ``probation`` (promoted on the evidence) or ``rejected`` with the report's figures.
+
 Exit status: 0 when every device succeeded, 1 when any did not (each is reported), 2 for usage, 3 when
 the rollout aborted, 130 when stopped (resumable).
 """
@@ -49,17 +53,24 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edged.errors import PublishError
+from edged.errors import Code, PublishError
 from edged.models.package import Manifest, open_package
 from edged.models.store.files import read_head
 from edged.protocol import topics
 from edged.protocol.client import MqttSettings, make_client, reconnect_backoff
-from edged.protocol.ota import OtaState, chunk, offer_args, offer_payload
+from edged.protocol.ota import OfferArgs, OtaState, chunk, offer_args, offer_payload
+from edged.protocol.shadow import ShadowAsk
 
+from .progress import Progress as Progress  # what a push prints lives in deploy/progress.py; importable here as before
+from .progress import report as report
+from .promote import ShadowView
+
+SHADOW_CODES = (Code.MODEL_REJECTED.value, Code.NO_EVIDENCE.value)  # a rejection on shadow evidence
 MAX_CHUNK = 4 << 20  # the most a device may ask for at once
 RECONNECT_MAX_S = 5.0  # the pusher's reconnect waits: full jitter up to this
 TAKE_BACK_S = 10.0  # a followed transfer silent this long while downloading: offer again and serve it
 DONE_OK = {OtaState.PROBATION: "swap", "committed": "commit", OtaState.UNCHANGED: "swap"}
+SHADOW_SETTLE_S = 3.0  # a device rejected on shadow evidence: its final report may follow its status this long
 DONE_BAD = ("rejected", "failed", "rolled_back", "timed_out", "skipped", "offline", "cancelled")
 
 Wait = Literal["swap", "commit"]
@@ -80,6 +91,7 @@ class Device:
     via: str = ""  # another transfer of this same package that the device runs in place of ours
     took_over: str = ""  # the transfer the device was running when our offer joined it (its reply says)
     heard_at: float = field(default_factory=time.monotonic)  # the device's last status for our transfer
+    shadow: ShadowView | None = None  # a --shadow push: the device's evaluation of the candidate as last heard
 
     def finish(self, state: str, error: str = "") -> None:
         if self.ended is None:
@@ -105,7 +117,9 @@ class Pusher:
         self._offers_until = 0.0  # monotonic: an offer must not outlive this pusher's wait for it
         self.replies = topics.push_replies(self.prefix, self.transfer)  # each device answers under its own root
         self.urls: dict[str, list[str]] | None = None  # --mirror: devices download the files from there
-        self.offer = offer_payload(offer_args(self.transfer, self.manifest_bytes, self.sig_bytes))
+        self.shadow_ask: ShadowAsk | None = None  # --shadow: devices evaluate the candidate before it serves
+        self.verbose = False  # the live lines show each camera's shadow figures too
+        self.offer = self._offer_payload()
         self.devices: dict[str, Device] = {}
         self._lock = threading.Lock()
         self._subs: list[str] = [self.replies]
@@ -135,7 +149,20 @@ class Pusher:
     def use_urls(self, urls: dict[str, list[str]]) -> None:
         """Offer the files at these URLs (``--mirror``): devices download them over HTTP(S), not from us."""
         self.urls = urls
-        self.offer = offer_payload(offer_args(self.transfer, self.manifest_bytes, self.sig_bytes, urls))
+        self.offer = self._offer_payload()
+
+    def use_shadow(self, ask: ShadowAsk) -> None:
+        """Offer the package for shadow evaluation (``--shadow``): each device runs it beside the serving
+        version on live frames and promotes it only on the evidence `ask` names."""
+        self.shadow_ask = ask
+        self.offer = self._offer_payload()
+
+    def offer_args(self) -> OfferArgs:
+        """This push's offer: the signed manifest, the mirror's URLs, the shadow ask."""
+        return offer_args(self.transfer, self.manifest_bytes, self.sig_bytes, self.urls, self.shadow_ask)
+
+    def _offer_payload(self) -> bytes:
+        return offer_payload(self.offer_args())
 
     # ---- connection ------------------------------------------------------------------------
     def connect(self, timeout_s: float = 15.0) -> None:
@@ -244,12 +271,13 @@ class Pusher:
             root = topics.device_root(self.prefix, dev)
             for topic in (topics.ota_request(root), topics.ota_status(root), topics.model_state(root)):
                 self._subscribe(topic)
+            self._follow_shadow(d)
         self._subscribed()
         deadline = time.monotonic() + timeout_s
         self._offers_until = deadline
         for d in wave:
             self._offer(d)
-        progress = Progress(self.out, wave)
+        progress = Progress(self.out, wave, self.verbose)
         while True:
             with self._lock:
                 pending = [d for d in wave if d.ended is None and not (wait == "swap" and d.ok(wait))]
@@ -271,12 +299,45 @@ class Pusher:
                     d.finish("timed_out", f"no outcome within {timeout_s:.0f} s (last state: {d.state})")
                 break
             time.sleep(0.2)
+        self.settle_shadow(wave)
         progress.draw(final=True)
         for d in wave:
             d.active = False
             if d.ended is None:
                 d.finish(d.state)
         return wave
+
+    # ---- shadow evaluation (--shadow) --------------------------------------------------------
+    def _follow_shadow(self, d: Device) -> None:
+        """Listen to the device's shadow report (a --shadow push)."""
+        if self.shadow_ask is None:
+            return
+        if d.shadow is None:
+            d.shadow = ShadowView()
+        self._subscribe(topics.shadow(topics.device_root(self.prefix, d.id)))
+
+    def settle_shadow(self, wave: list[Device]) -> None:
+        """A device rejected on its shadow evidence publishes its final report beside the status that says
+        so; wait a moment for it (at most SHADOW_SETTLE_S), so the report names the figures it ended on."""
+        end = time.monotonic() + SHADOW_SETTLE_S
+        while time.monotonic() < end:
+            with self._lock:
+                waiting = [d for d in wave if d.shadow is not None and d.state == "rejected" and not d.shadow.failed]
+                waiting = [d for d in waiting if d.error.split(":", 1)[0] in SHADOW_CODES]
+            if not waiting:
+                return
+            time.sleep(0.1)
+
+    def _on_shadow(self, d: Device, doc: dict[str, Any]) -> None:
+        """A report on ``…/shadow``: kept when it is of this transfer (or the one the device runs ours under)."""
+        ours = {t for t in (self.transfer, d.via, d.took_over) if t}
+        if d.shadow is None or doc.get("transfer") not in ours:
+            return
+        cand = doc.get("candidate") or {}
+        if cand.get("name") != self.manifest.name or cand.get("version") != self.manifest.version:
+            return
+        with self._lock:
+            d.shadow.take_report(doc)
 
     def _offer(self, d: Device) -> None:
         props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
@@ -322,6 +383,8 @@ class Pusher:
                 self._on_status(d, doc)
         elif suffix == topics.MODEL_STATE:
             self._on_model_state(d, doc)
+        elif suffix == topics.SHADOW:
+            self._on_shadow(d, doc)
 
     def _on_reply(self, dev: str, doc: dict[str, Any]) -> None:
         d = self.devices.get(dev)
@@ -395,6 +458,8 @@ class Pusher:
             state = str(doc.get("state"))
             if isinstance(doc.get("bytes"), int):
                 d.bytes = doc["bytes"]
+            if d.shadow is not None and state == OtaState.SHADOWING:
+                d.shadow.take_status(doc.get("detail") or {}, float(doc.get("ts") or 0.0))
             if state in (OtaState.REJECTED, OtaState.FAILED):
                 err = doc.get("error") or {}
                 d.finish(state, f"{err.get('code', '?')}: {err.get('message', '')}")
@@ -416,58 +481,3 @@ class Pusher:
                 d.finish("rolled_back", str(last.get("reason", "rolled back on the device")))
             elif doc.get("active") == v and doc.get("probation") is None:
                 d.finish("committed")
-
-
-class Progress:
-    """One line per device: a bar, bytes, state. Redrawn in place on a terminal, else printed on changes."""
-
-    def __init__(self, out: TextIO, devices: list[Device]) -> None:
-        self.out = out
-        self.devices = devices
-        self.tty = out.isatty()
-        self._drawn = 0
-        self._last: dict[str, tuple[str, int]] = {}
-        self._next_draw = 0.0
-
-    def line(self, d: Device) -> str:
-        frac = min(1.0, d.bytes / d.total) if d.total else 1.0
-        bar = "#" * int(frac * 24) + "-" * (24 - int(frac * 24))
-        text = f"{d.id:<20} [{bar}] {frac * 100:5.1f}%  {d.bytes / 2**20:6.1f}/{d.total / 2**20:.1f} MiB  {d.state}"
-        text += f" via transfer {d.via}" if d.via else ""
-        return text + (f" ({d.error})" if d.error and d.state not in ("committed", "probation") else "")
-
-    def draw(self, final: bool = False) -> None:
-        now = time.monotonic()
-        if not final and now < self._next_draw:
-            return
-        self._next_draw = now + (0.2 if self.tty else 0.0)
-        if self.tty:
-            if self._drawn:
-                self.out.write(f"\x1b[{self._drawn}F")
-            for d in self.devices:
-                self.out.write("\x1b[2K" + self.line(d) + "\n")
-            self._drawn = len(self.devices)
-        else:  # a log: a line when a device's state changes or another quarter of it arrived
-            for d in self.devices:
-                key = (d.state, int(4 * d.bytes / d.total) if d.total else 4)
-                if self._last.get(d.id) != key:
-                    self._last[d.id] = key
-                    self.out.write(self.line(d) + "\n")
-        self.out.flush()
-
-
-def report(pusher: Pusher, wait: Wait, seconds: float, out: TextIO) -> int:
-    devs = list(pusher.devices.values())
-    ok = [d for d in devs if d.ok(wait)]
-    print(f"push: {pusher.ref}: {len(ok)} of {len(devs)} device(s) succeeded in {seconds:.1f} s", file=out)
-    for d in devs:
-        took = f"{d.ended - d.started:6.1f} s" if d.ended else "      -"
-        mark = "ok  " if d.ok(wait) else "FAIL"
-        via = f"via transfer {d.via} (another push of this package, which the device joined ours to) " if d.via else ""
-        if d.took_over and not d.via:
-            via = f"took over transfer {d.took_over} (another push of this package, already running) "
-        print(f"  {mark} {d.id:<20} {d.state:<11} {took}  {via}{d.error}".rstrip(), file=out)
-    served = sum(d.served for d in devs)
-    if served and seconds > 0:
-        print(f"push: served {served / 2**20:.1f} MiB, {served / 2**20 / seconds:.1f} MiB/s overall", file=out)
-    return 0 if len(ok) == len(devs) else 1

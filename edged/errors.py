@@ -18,6 +18,7 @@
     ├── QuantizeError               quantizing or building an engine failed, or its accuracy gate did
     ├── SwapError                   a model swap was refused or failed
     ├── StateDirError               the state directory cannot be written, or another edged holds its lock
+    ├── RecordError                 a clip could not be written from the encoded ring (daemon/record/mux.py)
     ├── CertError                   certificates could not be made (deploy/certs.py)
     ├── BundleError                 a deploy bundle could not be built or installed (deploy/bundle.py)
     └── RolloutError                a rollout's state cannot be used: another package's, aborted, unreadable
@@ -118,6 +119,8 @@ class Code(str, Enum):
     CURRENT_CORRUPT = "current_corrupt"  # the current version is corrupt on disk: rolled back at start
     LOAD_FAILED = "load_failed"  # the current version does not load: rolled back at start
     OVER_BUDGET = "over_budget"  # the model does not fit the memory budget
+    MODEL_REJECTED = "model_rejected"  # a candidate failed its shadow evaluation's thresholds (protocol/shadow.py)
+    NO_EVIDENCE = "no_evidence"  # a shadow evaluation saw too little (dark, empty scene) to judge by its max_s
     LOCKED = "locked"  # another edged holds the state directory's lock
     # --- commands (the reply's error.code)
     EMPTY = "empty"  # an empty payload (what clearing a retained message delivers)
@@ -148,12 +151,15 @@ class Code(str, Enum):
     NO_DEVICES = "no_devices"  # `edged push`: no device to push to
     MIRROR_FAILED = "mirror_failed"  # `edged push --mirror`: the package is not (or not right) on the mirror
     FRAMES_INVALID = "frames_invalid"  # calibration frames or ground truth unreadable
+    RECORD_FAILED = "record_failed"  # a clip could not be written from a camera's encoded ring
 
 
 class EdgedError(Exception):
     """Base of every error edged raises on purpose."""
 
     code: Code = Code.ERROR
+    # the second stage (cascade) whose package failed, when it is one: not the primary model's fault
+    stage: str | None = None
 
     def __init__(self, message: str, *, code: Code | str | None = None) -> None:
         """`code`: a `Code` member or its value (a value that is no member is a programmer error: ValueError)."""
@@ -241,6 +247,12 @@ class SpoolCorrupt(SpoolError):
 
 class IncompatibleEngine(PackageError):
     code = Code.INCOMPATIBLE
+
+
+class RecordError(EdgedError):
+    """A clip could not be written from a camera's encoded ring (no keyframe, a muxer failure, the disk)."""
+
+    code = Code.RECORD_FAILED
 
 
 class CertError(EdgedError):

@@ -191,6 +191,10 @@ class Manifest(_Strict):
     compatibility: dict[str, Any] = {}
     source: dict[str, Any] = {}
     golden: GoldenSpec | None = None
+    # "stage": a secondary model, run on crops of another model's detections (a cascade's stage: a classifier,
+    # a CTC text recogniser). Absent: the primary, as every manifest before it. Also the gate for older devices:
+    # their manifests forbid unknown keys, so they refuse a stage package at its offer, naming role
+    role: Literal["stage"] | None = None
     files: dict[str, FileEntry]
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

@@ -7,6 +7,8 @@
     schemas     schema ids, the shipped JSON Schemas (``schemas/*.schema.json``), payload builders
     commands    the command payload rules (strict JSON, ``expires_at``) and the reply document
     ota         OTA framing (offer, chunk request, chunk), transfer states (`OtaState`), the status document
+    shadow      a push's shadow ask (`ShadowAsk`, ``--promote-if``), the verdict rules, the shadow report
+    config_doc  remote configuration on the wire: the signed document, its envelope, the outcome
     client      the paho client factory (MQTT v5, TLS, last will), connect properties, reconnect bounds
     backoff     full-jitter retry timing
 

@@ -17,6 +17,8 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from edged.errors import Code, CommandError
 
 from .schemas import DIAGNOSE_SCHEMA, REPLY_SCHEMA
@@ -161,3 +163,38 @@ def join_parts(results: list[dict[str, Any]]) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("schema") != DIAGNOSE_SCHEMA:
         raise CommandError(Code.INVALID_ARGUMENTS, f"not an {DIAGNOSE_SCHEMA} document")
     return doc
+
+
+# --- clips: the clip store's list (daemon/record/store.py) -------------------------------------------
+# ``clips`` ({"camera": C, "since": "<ISO-8601 with offset>", "limit": N}, each optional) replies with
+# ``{"clips": [<edged.clip/1 sidecar>, ...], "more": bool}``, newest first; `since` keeps the clips that end
+# after it. A reply is kept under CLIPS_REPLY_BYTES (fewer clips, ``"more": true``); each clip's MP4 is
+# fetched from the device's local HTTP server at its ``url_path`` (``edged clips --fetch`` says how).
+CLIPS_VERB = "clips"
+CLIPS_MAX_LIMIT = 500
+CLIPS_REPLY_BYTES = 192 * 1024
+
+
+class ClipsArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    camera: str | None = None
+    since: str | None = Field(None, description="ISO-8601 with its UTC offset: clips that end after it")
+    limit: int = Field(50, ge=1, le=CLIPS_MAX_LIMIT)
+
+    @field_validator("since")
+    @classmethod
+    def _since(cls, v: str | None) -> str | None:
+        if v is not None:
+            _iso_wall(v)
+        return v
+
+    def since_wall(self) -> float | None:
+        return None if self.since is None else _iso_wall(self.since)
+
+
+def _iso_wall(text: str) -> float:
+    """ISO-8601 with its UTC offset (``Z`` or ``+00:00``) in seconds since the epoch; ValueError otherwise."""
+    when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise ValueError(f"{text!r} has no UTC offset (write 2026-11-30T14:00:00Z)")
+    return when.timestamp()

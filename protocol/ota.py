@@ -35,6 +35,7 @@ from edged.errors import Code, CommandError, EdgedError, ProtocolError
 
 from .commands import MAX_MESSAGE_CHARS
 from .schemas import GROUP_OFFER_SCHEMA, OTA_SCHEMA
+from .shadow import ShadowAsk
 
 MAX_OFFER_BYTES = 512 * 1024  # a base64 manifest of up to 256 KiB and its signature
 MAX_HEADER_BYTES = 0xFFFF  # a chunk header's length is two bytes
@@ -64,6 +65,7 @@ class OtaState(str, Enum):
     FAILED = "failed"  # the transfer could not complete (`error`; what arrived is kept for a resume)
     JOINED = "joined"  # the same package was offered again: the transfer carries on under the id in `by`
     CANCELLED = "cancelled"  # stopped by the cancel command (`edged push --cancel`): its files dropped
+    SHADOWING = "shadowing"  # an offer with `shadow`: the candidate runs beside the serving model (`detail.shadow`)
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class OfferArgs(BaseModel):
     manifest: str
     sig: str
     urls: FileUrls | None = None
+    shadow: ShadowAsk | None = None  # evaluate on live frames before serving (protocol/shadow.py)
 
     def decode(self) -> tuple[bytes, bytes]:
         """(manifest bytes, signature bytes); CommandError(invalid_arguments) when either is not base64."""
@@ -100,12 +103,19 @@ class OfferArgs(BaseModel):
             raise CommandError(Code.INVALID_ARGUMENTS, f"manifest/sig must be base64: {exc}") from exc
 
 
-def offer_args(transfer: str, manifest: bytes, sig: bytes, urls: dict[str, list[str]] | None = None) -> OfferArgs:
+def offer_args(
+    transfer: str,
+    manifest: bytes,
+    sig: bytes,
+    urls: dict[str, list[str]] | None = None,
+    shadow: ShadowAsk | None = None,
+) -> OfferArgs:
     return OfferArgs(
         transfer=transfer,
         manifest=base64.b64encode(manifest).decode(),
         sig=base64.b64encode(sig).decode(),
         urls=urls,
+        shadow=shadow,
     )
 
 
@@ -114,6 +124,8 @@ def offer_payload(args: OfferArgs) -> bytes:
     doc: dict[str, Any] = {"transfer": args.transfer, "manifest": args.manifest, "sig": args.sig}
     if args.urls is not None:
         doc["urls"] = args.urls
+    if args.shadow is not None:
+        doc["shadow"] = args.shadow.doc()
     return json.dumps(doc).encode()
 
 
@@ -146,16 +158,20 @@ class GroupOffer(BaseModel):
     manifest: str
     sig: str
     urls: FileUrls | None = None  # the rollout's --mirror: the files on a web server, as in a cmd/ota offer
+    shadow: ShadowAsk | None = None  # the rollout's --shadow, as in a cmd/ota offer
 
     def args(self) -> OfferArgs:
-        return OfferArgs(transfer=self.transfer, manifest=self.manifest, sig=self.sig, urls=self.urls)
+        return OfferArgs(
+            transfer=self.transfer, manifest=self.manifest, sig=self.sig, urls=self.urls, shadow=self.shadow
+        )
 
 
 def group_offer_payload(group: str, args: OfferArgs) -> bytes:
     """The retained ``<prefix>/_groups/<group>/ota`` payload (an ``edged.group_offer/1`` document)."""
     doc = {"schema": GROUP_OFFER_SCHEMA, "group": group, "transfer": args.transfer}
     urls = {"urls": args.urls} if args.urls is not None else {}
-    return json.dumps({**doc, "manifest": args.manifest, "sig": args.sig, **urls}).encode()
+    shadow = {"shadow": args.shadow.doc()} if args.shadow is not None else {}
+    return json.dumps({**doc, "manifest": args.manifest, "sig": args.sig, **urls, **shadow}).encode()
 
 
 class ChunkRequest(BaseModel):

@@ -16,6 +16,7 @@ from typing import Any
 
 RESULT_SCHEMA = "edged.result/2"  # /2: detections gain track_id and zones
 RESULT_SCHEMA_V1 = "edged.result/1"  # what devices before /2 send; its file is kept
+RESULT_SCHEMA_V3 = "edged.result/3"  # /2 + each detection's `stages` and `stage_versions`: a daemon with `stages:`
 EVENT_SCHEMA = "edged.event/1"
 TELEMETRY_SCHEMA = "edged.telemetry/1"
 REPLY_SCHEMA = "edged.reply/1"
@@ -41,12 +42,15 @@ CONFIG_DOCUMENT_SCHEMA = "edged.config_document/1"  # …/config/desired, <prefi
 CONFIG_SCHEMA = "edged.config/1"  # the signed document inside it (protocol/config_doc.py)
 CONFIG_STATE_SCHEMA = "edged.config_state/1"  # …/config/state (retained)
 DIAGNOSE_SCHEMA = "edged.diagnose/1"  # the `diagnose` verb's document, joined from its parts (protocol/commands.py)
+CLIP_SCHEMA = "edged.clip/1"  # a clip's sidecar (<clips>/<camera>/<id>.json), the `clips` verb's and /clips' items
+SHADOW_SCHEMA = "edged.shadow/1"  # …/shadow (retained): a candidate's shadow report (protocol/shadow.py)
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 # schema id -> its file in SCHEMA_DIR
 FILES = {
     RESULT_SCHEMA: "result2.schema.json",
     RESULT_SCHEMA_V1: "result.schema.json",
+    RESULT_SCHEMA_V3: "result3.schema.json",
     EVENT_SCHEMA: "event.schema.json",
     TELEMETRY_SCHEMA: "telemetry.schema.json",
     REPLY_SCHEMA: "reply.schema.json",
@@ -63,6 +67,8 @@ FILES = {
     OTA_CHUNK_HEADER_SCHEMA: "ota_chunk.schema.json",
     HA_STATE_SCHEMA: "ha_state.schema.json",
     DIAGNOSE_SCHEMA: "diagnose.schema.json",
+    CLIP_SCHEMA: "clip.schema.json",
+    SHADOW_SCHEMA: "shadow.schema.json",
     HA_SENSOR_SCHEMA: "homeassistant_sensor.schema.json",
     "homeassistant.binary-sensor-discovery": "homeassistant_binary_sensor.schema.json",
     "homeassistant.switch-discovery": "homeassistant_switch.schema.json",

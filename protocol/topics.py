@@ -20,6 +20,7 @@ MODEL_STATE = "model/state"
 OTA_REQUEST = "ota/req"
 OTA_DATA = "ota/data"
 OTA_STATUS = "ota/status"
+SHADOW = "shadow"  # a candidate's shadow report (retained; protocol/shadow.py)
 CONFIG_DESIRED = "config/desired"  # a device's signed config document (retained); groups': <prefix>/_groups/<g>/config
 CONFIG_STATE = "config/state"  # the outcome of the last config document (retained)
 GROUPS = "_groups"  # a group's retained offer: <prefix>/_groups/<group>/ota
@@ -86,6 +87,8 @@ TOPICS: tuple[Topic, ...] = (
           "a chunk: [2-byte header length][header JSON][bytes]", bridged=True),
     Topic("ota_status", "…/ota/status", "{p}/{d}/ota/status", "out", "1", True, "device", (),
           "edged.ota/1", bridged=True),
+    Topic("shadow", "…/shadow", "{p}/{d}/shadow", "out", "1", True, "device", (),
+          "edged.shadow/1: a candidate evaluated beside the serving model (an offer with `shadow`)", bridged=True),
     Topic("ha_state", "…/ha/<camera>", "{p}/{d}/ha/+", "out", "1", True, "device", (_HA,),
           "counts per label and the last object event (Home Assistant's state topic; optional)"),
     Topic("ha_discovery", "<discovery_prefix>/<component>/<device_id>/<unique_id>/config",
@@ -195,6 +198,11 @@ def ota_data(root: str) -> str:
 
 def ota_status(root: str) -> str:
     return f"{root}/{OTA_STATUS}"
+
+
+def shadow(root: str) -> str:
+    """A device's retained shadow report (``edged.shadow/1``): the candidate of the last offer with ``shadow``."""
+    return f"{root}/{SHADOW}"
 
 
 def ha_state(root: str, camera: str) -> str:

@@ -7,5 +7,7 @@ report.py   the accuracy report and gate, through the daemon's preprocessing and
 tool.py     `edged quantize`: source model + frames -> gated package
 qdq.py      `build-engine --calib`: float model + frames -> a Q/DQ model for TensorRT, checked against the
             float model on those frames (every TensorRT version; TensorRT's calibrator is not used)
+folding.py  `--fold` for both: the preprocessing folded into the float model first (models/fold.py, checked on
+            values against the unfolded model), so calibration and the gate feed uint8 rows
 engine.py   `edged build-engine`: ONNX -> TensorRT engine package (the builder is edged.daemon.backends.tensorrt.build)
 """

@@ -53,18 +53,29 @@ def build_engine_package(
     options: BuilderOptions | None = None,
     batches: tuple[int, ...] | None = None,
     progress: Callable[[str], None] | None = None,
+    fold: bool = False,
 ) -> Package:
     """`options`: trtexec's builder options (optimization level, version-compatible, hardware-compatibility
     level, sparsity), recorded in the manifest: the compatibility they give under `compatibility`, all of
     them under `source.builder`. `batches`: which of the source's fixed batches get an engine (default: all);
-    `compatibility.device_memory_bytes` counts every engine (what the daemon's memory budget admits)."""
+    `compatibility.device_memory_bytes` counts every engine (what the daemon's memory budget admits).
+    `fold`: fold the preprocessing into the ONNX model first (folding.py, value-checked against the unfolded
+    model; `--calib` then calibrates through the folded graph on uint8 rows): the engines take uint8 pixels
+    (build.py hands TensorRT the uint8 input straight into a Cast, uint8.py)."""
     opts = options or BuilderOptions()
     ensure_empty(out)
     with tempfile.TemporaryDirectory(prefix="edged-engine-") as tmp_dir:
         tmp = Path(tmp_dir)
         src = load_source(model, spec, tmp)
+        frames = read_frames(calib, calib_frames, progress) if calib is not None else []
+        folding: dict[str, Any] | None = None
+        if fold and src.manifest.input.folded is None:
+            from .folding import fold_source
+
+            src, folding = fold_source(src, src.package, _mkdir(tmp / "fold"), frames, progress or _quiet)
         m = src.manifest
-        onnx_files = _source_batches(m, src.model, (spec or src.model).parent, batches)
+        base = src.package if src.package is not None else (spec or src.model).parent
+        onnx_files = _source_batches(m, src.model, base, batches)
         largest = max(onnx_files)
         if dla_core is not None and precision == "fp32":
             raise QuantizeError(
@@ -78,7 +89,6 @@ def build_engine_package(
                 )
             if precision not in (None, "int8"):
                 raise QuantizeError(f"--calib builds an int8 engine; drop it or --precision {precision}")
-            frames = read_frames(calib, calib_frames, progress)
             qdq = qdq_for_tensorrt(src, onnx_files, frames, _mkdir(tmp / "qdq"), progress=progress)
             onnx_files, precision, int8 = qdq.files, "int8", qdq.record
         elif precision == "int8" and m.precision != "int8":
@@ -140,6 +150,7 @@ def build_engine_package(
                 **({"dla": top.dla} if top.dla is not None else {}),
                 **({"int8": int8} if int8 is not None and top.precision == "int8" else {}),
                 **({"engines": _engines(built, onnx_files)} if len(built) > 1 else {}),
+                **({"fold": folding} if folding is not None else {}),
             },
         )
         pkg = publish_package(out, fields, files)
@@ -161,6 +172,10 @@ def _source_batches(m: Manifest, model: Path, base: Path, wanted: tuple[int, ...
         if not path.is_file():
             raise QuantizeError(f"{path}: the model's batch-{b} file is missing", code=Code.NOT_FOUND)
     return files
+
+
+def _quiet(message: str) -> None:
+    pass
 
 
 def _mkdir(path: Path) -> Path:

@@ -81,6 +81,23 @@ def head_nodes(model: onnx.ModelProto, include_heads: bool = True) -> list[str]:
     return found
 
 
+def prefix_nodes(model: onnx.ModelProto, input_name: str) -> list[str]:
+    """The nodes between a folded graph's pixel input and its first compute layers: every node all of whose
+    non-constant inputs come from the pixels through such nodes (casts, transposes, gathers, reshapes, the
+    scale and mean/std arithmetic), stopping at compute layers."""
+    consts = {i.name for i in model.graph.initializer}
+    consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    reached = {input_name}
+    found: list[str] = []
+    for node in model.graph.node:  # topologically sorted (ONNX requires it)
+        live = [i for i in node.input if i and i not in consts]
+        if node.op_type in COMPUTE_OPS or not live or not all(i in reached for i in live):
+            continue
+        found.append(node.name)
+        reached.update(node.output)
+    return found
+
+
 def _name_nodes(model: onnx.ModelProto) -> None:
     names = {n.name for n in model.graph.node if n.name}
     for i, node in enumerate(model.graph.node):
@@ -167,6 +184,10 @@ def quantize_int8(
         if unknown:
             raise QuantizeError(f"--exclude names nodes this model does not have: {', '.join(unknown)}")
         base = list(dict.fromkeys([*(head_nodes(model) if keep_heads_float else []), *exclude]))
+        if spec.folded is not None:  # the folded preprocessing stays float: Q/DQ lands where the unfolded input had it
+            folded = prefix_nodes(model, spec.name)
+            say(f"keeping the folded preprocessing ({len(folded)} node(s)) in float")
+            base = list(dict.fromkeys([*base, *folded]))
         say(f"keeping {len(base)} head/tail node(s) in float; calibrating on {len(calib)} frames")
         _quantize(prepared, dst, spec, batches, base, target, method, say, eta=True)
         keep, searched = base, "not needed"

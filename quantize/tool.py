@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from edged.daemon.decoders import DecodeOptions
 from edged.errors import Code, PackageError, QuantizeError
@@ -35,6 +35,7 @@ class Source:
     model: Path
     manifest: Manifest
     labels_file: Path | None
+    package: Path | None = None  # its verified package folder (None: a bare .onnx with a spec)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def _load_source(model: Path, spec: Path | None, scratch: Path) -> Source:
         if pkg.manifest.kind != "onnx":
             raise QuantizeError(f"{model}: a {pkg.manifest.kind} package; quantize takes an ONNX model")
         labels = pkg.root / pkg.manifest.labels_file if pkg.manifest.labels_file else None
-        return Source(pkg.model_path, pkg.manifest, labels)
+        return Source(pkg.model_path, pkg.manifest, labels, pkg.root)
     if not model.is_file():
         raise QuantizeError(f"{model}: no such ONNX file", code=Code.NOT_FOUND)
     spec = spec or model.parent / MANIFEST
@@ -105,34 +106,46 @@ def quantize(
     threads: int = 0,
     batches: tuple[int, ...] | None = None,
     progress: Callable[[str], None] | None = None,
+    fold: bool = False,
 ) -> Outcome:
     """`batches`: the fixed batches the new package carries (default: the source's); the largest is the
-    source's batch, the smaller ones are the quantized model rebatched (the same scales at every batch)."""
+    source's batch, the smaller ones are the quantized model rebatched (the same scales at every batch).
+    `fold`: fold the preprocessing into the float model first (folding.py): the package takes uint8 pixels,
+    calibration and the gate feed it uint8 rows, the gate's reference stays the unfolded float model. A folded
+    source needs no flag: it is quantized as it comes (its preprocessing nodes stay float)."""
     say = progress or (lambda m: logger.info("%s", m))
     ensure_empty(out)
     with tempfile.TemporaryDirectory(prefix="edged-quantize-") as tmp_dir:
         tmp = Path(tmp_dir)
         src = load_source(model, spec, tmp)
+        if src.manifest.precision != "fp32":
+            raise QuantizeError(f"{model}: already {src.manifest.precision}; quantize starts from the float model")
+        if precision == "int8" and calib is None:
+            raise QuantizeError("int8 needs calibration frames (--calib)")
+        eval_set = read_frames(evaluate, eval_frames, say)
+        calib_set = read_frames(calib, calib_frames, say) if precision == "int8" and calib is not None else []
+        ref = src  # the gate's reference: the float model as given (unfolded, when --fold folds it here)
+        folding: dict[str, Any] | None = None
+        if fold and src.manifest.input.folded is None:
+            from .folding import fold_source
+
+            src, folding = fold_source(src, src.package, tmp, calib_set or eval_set, say)
+        elif fold:
+            say(f"{model}: folded already (input.folded); quantizing it as it is")
         m = src.manifest
-        if m.precision != "fp32":
-            raise QuantizeError(f"{model}: already {m.precision}; quantize starts from the float model")
         wanted = tuple(sorted(set(batches))) if batches else tuple(m.batch_files)
         if wanted[-1] != m.input.batch or wanted[0] < 1:
             raise QuantizeError(
                 f"--batch {','.join(map(str, wanted))}: the largest must be the model's own batch {m.input.batch} "
                 "(`edged model init --batch` makes a float package at other batches)"
             )
-        eval_set = read_frames(evaluate, eval_frames, say)
         qpath = tmp / "model.onnx"
         float_nodes: list[str] = []
         opts = DecodeOptions(score_threshold=score_threshold)
         simulate = precision == "int8" and target == "tensorrt"
         searched = "not run"
         if precision == "int8":
-            if calib is None:
-                raise QuantizeError("int8 needs calibration frames (--calib)")
-            calib_set = read_frames(calib, calib_frames, say)
-            judge = _judge(src, calib_set, opts, gate, threads, simulate, say) if search else None
+            judge = _judge(ref, m, calib_set, opts, gate, threads, simulate, say) if search else None
             q = quantize_int8(
                 src.model, qpath, m.input, calib_set, target, exclude, keep_heads_float, method, judge, say
             )
@@ -141,10 +154,10 @@ def quantize(
             say(f"converting {src.model.name} to float16 (inputs and outputs stay float32)")
             convert_fp16(src.model, qpath)
         say(f"evaluating the float model on {len(eval_set)} frames")
-        ref = run_model(src.model, m, eval_set, opts, threads, say)
+        want = run_model(ref.model, ref.manifest, eval_set, opts, threads, say)
         say(f"evaluating the {precision} model" + (" (simulated quantization)" if simulate else ""))
         got = run_model(qpath, m, eval_set, opts, threads, say, simulate=simulate)
-        report = compare(eval_set, ref, got, gate)
+        report = compare(eval_set, want, got, gate)
         if not report and not force:
             return Outcome(report, None, float_nodes)
         (tmp / "labels.txt").write_text("\n".join(m.labels) + "\n")
@@ -159,13 +172,14 @@ def quantize(
             compatibility={**m.compatibility, "quantized_for": target} if precision == "int8" else m.compatibility,
             source={
                 **m.source,
-                "float_model_sha256": sha256_file(src.model),
+                "float_model_sha256": sha256_file(ref.model),
                 "quantize": {
                     "target": target,
                     "calibration": method,
                     "float_nodes": float_nodes,
                     "search": searched,
                     "gate_passed": bool(report),
+                    **({"fold": folding} if folding is not None else {}),
                 },
             },
         )
@@ -228,6 +242,7 @@ def calibration_gate(gate: Gate) -> Gate:
 
 def _judge(
     src: Source,
+    manifest: Manifest,
     frames: list[Frame],
     opts: DecodeOptions,
     gate: Gate,
@@ -236,14 +251,15 @@ def _judge(
     say: Callable[[str], None],
 ) -> Judge:
     """The gate with half the allowed loss, applied on the calibration frames: the evaluation frames stay
-    unseen until the end, and the margin stands for how few calibration frames there usually are."""
+    unseen until the end, and the margin stands for how few calibration frames there usually are. `src`: the
+    float reference; `manifest`: the candidates' (src's, or its folded package's: uint8 rows)."""
     ref: list[ModelRun] = []
     strict = calibration_gate(gate)
 
     def judge(candidate: Path) -> bool:
         if not ref:
             ref.append(run_model(src.model, src.manifest, frames, opts, threads))
-        got = run_model(candidate, src.manifest, frames, opts, threads, simulate=simulate)
+        got = run_model(candidate, manifest, frames, opts, threads, simulate=simulate)
         report = compare(frames, ref[0], got, strict)
         say(
             f"on the calibration frames: recall/precision vs float {report.recall_vs_float:.3f}/"

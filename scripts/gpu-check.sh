@@ -142,7 +142,7 @@ start=$(date +%s)
 # only the plugins the tests' settings name: the venv sees the system's site-packages, whose pytest plugins
 # (a pytest-benchmark, say) could otherwise break the run
 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$VENV/bin/python" -m pytest -p xdist.plugin -p pytest_timeout \
-  -p no:cacheprovider -rA tests/test_tensorrt.py > /tmp/edged-gpu-check.log 2>&1
+  -p no:cacheprovider -rA tests/test_tensorrt.py tests/test_trt_uint8.py > /tmp/edged-gpu-check.log 2>&1
 rc=$?
 secs=$(( $(date +%s) - start ))
 

@@ -15,9 +15,9 @@ command -v mosquitto_sub >/dev/null || need+=(mosquitto-clients)  # mosquitto_su
 command -v npm >/dev/null || need+=(npm)
 command -v systemd-analyze >/dev/null || need+=(systemd)  # unit checks only; systemd is never booted here
 # The GStreamer capture path (daemon/capture/gstreamer/pipeline.py) and its tests: GStreamer, its plugins, PyGObject, and
-# gst-rtsp-server for the tests' RTSP camera.
+# gst-rtsp-server for the tests' RTSP camera; plugins-ugly for x264enc, the clip encoder (daemon/capture/encoded.py).
 gst_pkgs=(gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad
-  gstreamer1.0-libav python3-gi gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0 gir1.2-gst-rtsp-server-1.0)
+  gstreamer1.0-plugins-ugly gstreamer1.0-libav python3-gi gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0 gir1.2-gst-rtsp-server-1.0)
 gst_pkgs+=(python3-systemd)  # daemon/host/systemd.py: libsystemd's sd_notify and journald, as on the device
 for p in "${gst_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")

@@ -105,7 +105,7 @@ def test_every_verb_names_its_handler_beside_its_options() -> None:
     found = dict(leaves(build_parser(), ()))
     assert sorted(found) == sorted(
         ["run", "check-config", "doctor", "watch", "telemetry", "quantize", "build-engine", "keys generate", "push"]
-        + ["fleet", "diagnose"]
+        + ["fleet", "diagnose", "clips"]
         + [f"config {v}" for v in ("push", "show", "clear")]
         + [f"certs {v}" for v in ("ca", "server", "device", "backend", "revoke", "crl", "status", "acl")]
         + [f"bundle {v}" for v in ("build", "verify")]

@@ -494,3 +494,27 @@ def test_a_thermal_exit_on_probation_is_not_a_model_crash(
     r = edged_cli("model", "rollback", "--if-probation", "-c", str(cfg))
     assert r.returncode == 1 and "no run died with it loaded" in r.stderr, r.stderr
     assert store_view(state)["current"] == 2
+
+
+def test_a_second_stage_that_fails_at_start_is_not_the_primarys_crash(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, start_daemon
+) -> None:
+    """Version 2 of the primary on probation and a second stage (`stages:`) whose package its decoder refuses (PP-OCR's
+    recogniser with the space class dropped from its manifest): each start fails naming the stage, and none counts as
+    a crash of the primary, which did nothing wrong (ModelLoader.start_failed, EdgedError.stage)."""
+    cfg, state = on_probation(demo, tmp_path, signer, broker)
+    rec = demo.packages["ppocr-rec"]
+    fields = json.loads(rec.manifest_bytes)
+    del fields["files"]
+    fields["decoder"]["params"]["space"] = False
+    write_package(tmp_path / "bad-ocr", fields, {name: rec.root / name for name in rec.manifest.files})
+    doc = yaml.safe_load(cfg.read_text())
+    doc["stages"] = [{"name": "ocr", "model": {"package": str(tmp_path / "bad-ocr")}, "on_labels": ["face"]}]
+    write_config(cfg, doc)
+    for _ in range(2):
+        d = start_daemon(cfg)
+        assert exited(d, 120) == 1, d.output()[-3000:]
+        assert "stage 'ocr': ctc:" in d.output() and "Traceback" not in d.output(), d.output()[-3000:]
+        assert "not counted against blazeface-back on probation" in d.output()
+    s = state_doc(state)
+    assert (s["pending"], s["probation_crashes"], s.get("probation_boot")) == (2, 0, None), s

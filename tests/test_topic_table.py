@@ -97,6 +97,7 @@ def test_every_row_is_built_by_its_builder() -> None:
         "ota_request": topics.ota_request(root),
         "ota_data": topics.ota_data(root),
         "ota_status": topics.ota_status(root),
+        "shadow": topics.shadow(root),
         "ha_state": topics.ha_state(root, "door"),
         "ha_discovery": topics.ha_discovery("homeassistant", "sensor", "cam-1", "cam-1_door"),
         "group_offer": topics.group_offer("edged", "lobby"),

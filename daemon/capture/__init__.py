@@ -21,8 +21,11 @@ A source that fails is reopened with backoff; a camera that is down never holds 
     preprocess.py   a frame into one row of the model's input (letterbox / stretch, colour, scale, layout)
     motion.py       the motion gate the gather thread applies, and the scene-cut detector
     probe.py        ``edged check-config --probe-cameras``: each camera opened once and described
+    encoded.py      the encoded ring of a camera with ``record:``: its H.264/H.265 packets (keyframes flagged, wall
+                    times), bounded by bytes and seconds, in segments (one per open); spans clips are cut from
     gstreamer/      the GStreamer capture path (PyGObject, appsink; hardware decode and scaling on Jetson)
 
 Nothing here imports GStreamer at import time, and the modules the config loader reads (``uri``,
-``framebound``, ``registry``, ``source``, ``snapshot``, ``redact``) import no OpenCV either.
+``framebound``, ``registry``, ``source``, ``snapshot``, ``redact``) import no OpenCV either; ``encoded`` imports
+neither (daemon/record/ reads it).
 """

@@ -35,7 +35,9 @@ from edged.errors import CaptureError
 from edged.protocol.backoff import Backoff
 
 from ..config import CameraConfig
+from .encoded import EncodedRing
 from .framebound import FrameBound
+from .gstreamer.encode import RingFeed
 from .gstreamer.pipeline import use_gstreamer
 from .motion import CutDetector
 from .preprocess import Preprocessor, Transform
@@ -161,6 +163,8 @@ class Camera:
         self._call: tuple[str, float] | None = None
         self.stuck_after_s = stuck_after_s(cfg.stall_timeout_s)
         self._next_cfg: CameraConfig | None = None  # `reconfigure`: the config the next open takes
+        # `record:`: the encoded ring clips are cut from, and what fills it (gstreamer/encode.py)
+        self._feed = RingFeed(cfg.record, cfg.name, _may_tap(cfg)) if cfg.record is not None else None
         self._thread = threading.Thread(target=self._run, name=f"camera-{cfg.name}", daemon=True)
 
     def in_call(self, now: float | None = None) -> tuple[str, float]:
@@ -220,6 +224,21 @@ class Camera:
         with self.cond:
             kept = self._taken.get(seq)
         return None if kept is None else _at_source_size(*kept)
+
+    @property
+    def ring(self) -> EncodedRing | None:
+        """The encoded ring (capture/encoded.py) where `record:` is on and something can fill it, else None."""
+        return self._feed.ring if self._feed is not None else None
+
+    @property
+    def record_why(self) -> str:
+        """Why the ring is None (no encoder) or not filling although `record:` is on; '' otherwise."""
+        return self._feed.why if self._feed is not None else ""
+
+    @property
+    def record_path(self) -> str:
+        """What fills the ring now: "camera's own h264" (no re-encode), an encoder's name, or ''."""
+        return self._feed.path if self._feed is not None else ""
 
     @property
     def live(self) -> bool:
@@ -309,6 +328,8 @@ class Camera:
                     break
                 continue
             self._call = None
+            if self._feed is not None:  # the ring's new segment: the source's own packets, or an encoder
+                self._feed.opened(source, min(source.fps or self.cfg.fps_max, self.cfg.fps_max))
             if failed_before:
                 self.stats.reconnects += 1
             failed_before = traced = False
@@ -331,6 +352,8 @@ class Camera:
                     source.close()
                 finally:
                     self._call = None
+                    if self._feed is not None:
+                        self._feed.closed()
             if got_frames:
                 backoff.reset()
             self._break = {"looped": "loop", "stalled": "stall"}.get(outcome, self._break or "reconnect")
@@ -424,7 +447,11 @@ class Camera:
             if now < next_keep - 0.25 * gap:
                 continue  # over the camera's (governed) fps cap; a quarter frame of jitter is tolerated
             next_keep = max(next_keep, now - 0.25 * gap) + gap
-            if not self._offer(frame, frame_no, now, source.scaled_from, clock):
+            wall = None
+            if self._feed is not None:  # an encoder's frames are the ones offered (at most fps_max), same wall
+                wall = time.time()
+                self._feed.frame(frame, wall)
+            if not self._offer(frame, frame_no, now, source.scaled_from, clock, wall):
                 break
         return "stopped", index > 0
 
@@ -435,8 +462,9 @@ class Camera:
         now_mono: float,
         src_size: tuple[int, int] | None = None,
         clock_s: float | None = None,
+        wall: float | None = None,
     ) -> bool:
-        wall = time.time()
+        wall = time.time() if wall is None else wall
         with self.cond:
             if not self.cfg.realtime and self.cfg.uri.startswith("file://"):
                 # A file read faster than real time waits for its previous frame to be taken.
@@ -473,6 +501,16 @@ class Camera:
             self.stats.frames += 1
             self.cond.notify_all()
         return True
+
+
+def _may_tap(cfg: CameraConfig) -> bool:
+    """Whether the camera's stream may reach its ring as it is (H.264/H.265 through decodebin's parser)."""
+    if cfg.uri.split("://", 1)[0] not in ("file", "rtsp", "rtsps", "v4l2"):
+        return False
+    try:
+        return use_gstreamer(cfg)
+    except CaptureError:  # backend: gstreamer where it does not load: the camera itself says so when it opens
+        return False
 
 
 def _at_source_size(frame: np.ndarray, src: tuple[int, int] | None) -> np.ndarray:

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from edged.errors import ConfigError
 
@@ -36,6 +36,7 @@ from .cameras import MotionConfig as MotionConfig
 from .cameras import StrictModel as _Strict
 from .cameras import TrackingConfig as TrackingConfig
 from .cameras import ZoneConfig as ZoneConfig
+from .clips import ClipsConfig as ClipsConfig
 from .consumers import HealthConfig as HealthConfig
 from .consumers import HomeAssistantConfig as HomeAssistantConfig
 from .file import ENV_PREFIX as ENV_PREFIX
@@ -55,6 +56,11 @@ from .runtime import OnnxRuntimeConfig as OnnxRuntimeConfig
 from .runtime import OtaConfig as OtaConfig
 from .runtime import RemoteConfigConfig as RemoteConfigConfig
 from .runtime import TelemetryConfig as TelemetryConfig
+from .stages import StageConfig as StageConfig
+from .stages import check_stages
+from .upload import LabellingConfig as LabellingConfig
+from .upload import UploadConfig as UploadConfig
+from .upload import resolve_labelling, resolve_upload, upload_files
 
 
 class Config(_Strict):
@@ -81,6 +87,10 @@ class Config(_Strict):
         [], description="fleet groups of this device (edged push --group), shown in the retained status"
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+    stages: list[StageConfig] = Field([], description="second-stage models on crops of the primary's detections")
+    upload: UploadConfig | None = Field(None, description="HTTP PUT of clips and labelling frames; null: none")
+    labelling: LabellingConfig = Field(LabellingConfig(), description="the frames worth labelling (off)")
+    clips: ClipsConfig = Field(ClipsConfig(), description="the clip store that cameras with record: fill")
 
     @field_validator("device_id")
     @classmethod
@@ -105,6 +115,19 @@ class Config(_Strict):
         if dup:
             raise ValueError(f"camera names must be unique; repeated: {', '.join(dup)}")
         return v
+
+    @model_validator(mode="after")
+    def _stages(self) -> Config:
+        check_stages(self.stages, [c.name for c in self.cameras])
+        return self
+
+    @model_validator(mode="after")
+    def _labelling_upload(self) -> Config:
+        if self.labelling.enabled and self.labelling.upload and self.upload is None:
+            raise ValueError("labelling.upload needs an upload: section (where to PUT)")
+        if self.clips.upload and self.upload is None:
+            raise ValueError("clips.upload needs an upload: section (where to PUT)")
+        return self
 
     @property
     def topic_root(self) -> str:
@@ -156,6 +179,19 @@ def _resolve_paths(cfg: Config, path: Path, environ: Mapping[str, str]) -> Confi
             "governor": governor,
             "ota": ota,
             "health": health,
+            "upload": resolve_upload(cfg.upload, fix),
+            "labelling": resolve_labelling(cfg.labelling, fix),
+            "clips": cfg.clips.model_copy(update={"dir": fix(cfg.clips.dir)}),
+            "stages": [
+                s.model_copy(
+                    update={
+                        "model": s.model.model_copy(
+                            update={"package": fix(s.model.package), "keys_dir": fix(s.model.keys_dir)}
+                        )
+                    }
+                )
+                for s in cfg.stages
+            ],
         }
     )
 
@@ -176,6 +212,7 @@ def missing_files(cfg: Config, model: bool = True) -> list[str]:
         files += [(f"cameras[{i}].password_file", cam.password_file), (f"cameras[{i}].tls_ca_file", cam.tls_ca_file)]
     files.append(("ota.http_ca_file", cfg.ota.http_ca_file))
     files.append(("health.token_file", cfg.health.token_file))
+    files += upload_files(cfg.upload)
     out = []
     for key, path in files:
         if path is None:

@@ -191,6 +191,27 @@ class CameraDetectionConfig(StrictModel):
         return self
 
 
+class RecordConfig(StrictModel):
+    """A camera's encoded ring, from which clips around events are cut (off unless the camera has one)."""
+
+    pre_s: float = Field(5.0, ge=0, le=300, description="seconds before an event's start kept in its clip")
+    post_s: float = Field(5.0, ge=0, le=300, description="seconds after an event's end kept in its clip")
+    max_clip_s: float = Field(300.0, gt=0, le=3600, description="a clip is cut, and a new one started, past this")
+    ring_mb: float = Field(
+        16.0,
+        gt=0,
+        le=1024,
+        description="the in-memory ring of the encoded stream, in MB; it also keeps at most pre_s + 30 s (oldest "
+        "packets evicted first, counted)",
+    )
+    encoder: Literal["auto", "nvv4l2h264enc", "x264enc", "openh264enc"] = Field(
+        "auto",
+        description="sources that are not already H.264/H.265 (files, v4l2, MJPEG, synthetic) are encoded with "
+        "this; auto: the best present (nvv4l2h264enc, x264enc, openh264enc); RTSP H.264/H.265 is kept as sent",
+    )
+    bitrate_kbps: int = Field(2000, ge=64, le=100_000, description="the encoder's target bitrate")
+
+
 class CameraConfig(StrictModel):
     name: str = Field(description="unique; a topic level (letters, digits, '_', '.', '-')")
     uri: str = Field(description=f"the source: {URI_FORMS}")  # one form per row of the registry (capture/registry.py)
@@ -240,6 +261,9 @@ class CameraConfig(StrictModel):
         True,
         description="rtsps://: false accepts any certificate (no protection against an impostor); warned at every "
         "start and by check-config",
+    )
+    record: RecordConfig | None = Field(
+        None, description="keep the encoded stream in a ring for clips around events; null: off"
     )
 
     @field_validator("name")

@@ -62,6 +62,10 @@ REFUSED: dict[str, str] = {
     "health": "the local endpoint binds an address on the device",
     "homeassistant": "discovery names topics outside the device's own",
     "inference": "batching needs a restart",
+    "upload": "where the device's evidence goes, and the credentials for it, is set on the device only",
+    "labelling": "frames of the device's cameras leave it through this: set on the device only",
+    "clips": "the clip store's size and place are the device's storage",
+    "stages": "a stage's model changes by a signed package, not by config",
 }
 GOVERNOR_LOCAL = "the governor's enabled, interval_s and sysfs_root need a restart; sysfs_root is a path"
 

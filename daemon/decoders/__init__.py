@@ -13,6 +13,7 @@ model's outputs once (``check``), then turns each batch's outputs into detection
 | efficient_nms  | TensorRT EfficientNMS outputs, Ultralytics nms=True [B, K, 6]         |
 | picodet        | PaddleDetection PicoDet / GFL (the PicoDet layout demo model)         |
 | classify       | classifiers [B, C]: softmax / sigmoid top-k                           |
+| ctc            | text recognisers [B, T, C]: greedy CTC (PP-OCR), text + mean score    |
 
 A new decoder is one file here and one row in `DECODERS`; its name also goes into
 ``edged.models.init.recognise.DECODERS`` (the one list of names, which ``edged model init`` reads and the models side
@@ -28,6 +29,7 @@ from edged.models.package import DecoderSpec, InputSpec
 
 from .base import DecodeOptions, Decoder, DecoderFactory, Detection, nms
 from .classify import Classify
+from .ctc import Ctc
 from .picodet import PicoDet
 from .ssd import SsdAnchors
 from .yolo import EfficientNms, YoloV5, YoloV8
@@ -41,6 +43,7 @@ DECODERS: dict[str, DecoderFactory] = {
     "efficient_nms": EfficientNms,
     "picodet": PicoDet,
     "classify": Classify,
+    "ctc": Ctc,
 }
 
 __all__ = ["DECODERS", "DecodeOptions", "Decoder", "Detection", "build_decoder", "nms"]

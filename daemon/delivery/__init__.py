@@ -13,5 +13,6 @@ Topics and payload shapes come from ``edged.protocol``; nothing here builds a to
     inbox.py         the device's subscriptions, and where each incoming message goes
     commands.py      the command channel: strict parsing, expiry, one at a time, a reply for every command
     homeassistant.py Home Assistant MQTT discovery and per-camera state topics
+    upload.py        files off the device by HTTP PUT (clips, labelling frames): a durable, bounded queue
     spool/           the durable spool: messages wait in SQLite until the broker acknowledges them
 """

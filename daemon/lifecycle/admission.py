@@ -1,7 +1,7 @@
 """What a model must pass before it serves, at start (lifecycle/loader.py) and at a swap (lifecycle/manager.py):
 its input against the manifest (check_io), its golden pair (golden_check), its batches against each other on
 values (batches_check), and what it will cost in memory before it is loaded (estimate_mb, which admit() and
-plan_swap() count)."""
+plan_swap() count), and whether a shadowed candidate fits beside the serving model (shadow_fits)."""
 
 from __future__ import annotations
 
@@ -135,3 +135,17 @@ def estimate_mb(pkg: Package) -> float:
     for b, path in pkg.batch_paths.items():
         total += (0 if recorded else path.stat().st_size) + b * row
     return total / 2**20 + activation_mb(pkg)
+
+
+def shadow_fits(serving_mb: float, candidate_mb: float, in_use_mb: float, budget_mb: float) -> None:
+    """Shadow evaluation holds both models at once: the serving one (counted in `in_use_mb`, the process's
+    memory now) and the candidate (`candidate_mb`, its `estimate_mb`). SwapError (over_budget) when both do
+    not fit: the offer is refused, never turned into a stop-the-world swap (push it without shadow for that)."""
+    if in_use_mb + candidate_mb <= budget_mb:
+        return
+    raise SwapError(
+        f"shadow evaluation needs the candidate ({candidate_mb:.1f} MB) loaded beside the serving model "
+        f"({serving_mb:.1f} MB of the {in_use_mb:.1f} MB in use): over the {budget_mb:.0f} MB budget. Push it "
+        "without shadow for a stop-the-world swap, or raise memory.budget_mb",
+        code=Code.OVER_BUDGET,
+    )

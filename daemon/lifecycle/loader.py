@@ -176,7 +176,8 @@ class ModelLoader:
     def start_failed(self, exc: BaseException) -> None:
         """A start ended in `exc`. The probation marker stays (a crash, at the next start) only when the model
         could have caused the failure; else it is cleared."""
-        if self._marked is None or self._store is None or not isinstance(exc, NOT_THE_MODEL):
+        a_stage = isinstance(exc, EdgedError) and exc.stage is not None  # a second stage's package, not the primary
+        if self._marked is None or self._store is None or not (isinstance(exc, NOT_THE_MODEL) or a_stage):
             return
         logger.warning(
             "start failed for a reason that is not the model's (%s); not counted against %s on probation",
@@ -193,6 +194,11 @@ class ModelLoader:
         cfg = self.cfg
         package = resolve_package(cfg)
         m = package.manifest
+        if m.role == "stage":  # a classifier or text recogniser reads crops: it cannot be the primary
+            raise ConfigError(
+                f"model: {m.name}@{m.version} is a second-stage model (role: stage, decoder {m.decoder.type}): "
+                "name a detector under model: and this package under stages: (docs/models.md, Cascades)"
+            )
         in_use_mb = rss_mb()
         row_mb = int(np.prod(m.input.shape[1:])) * np.dtype(m.input.dtype).itemsize / 2**20
         buffers_mb = row_mb * (3 * len(cfg.cameras) + 2 * m.input.batch)  # camera slots, the loop's two batches

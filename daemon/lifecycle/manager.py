@@ -18,6 +18,11 @@ restarts in state.json). It is committed after
 `model.probation_s` seconds and `model.probation_batches` batches. Outcomes go to ``…/events`` and
 the retained ``…/model/state``.
 
+An offer with ``shadow`` (`shadow_staged`) first loads the candidate beside the serving model, both within the
+memory budget (else refused: over_budget), and evaluates it on sampled live frames (shadow.py); it passes into
+the swap above (the loaded candidate reused), or is discarded: ``model_rejected`` (marked bad) or
+``no_evidence`` (files dropped, not marked: the scene, not the model, fell short).
+
 Crash-test seam: ``EDGEDTEST_CRASH_AT=swap_loaded|swap_flipped`` SIGKILLs the daemon at that step
 (the store's own steps are in store.py).
 """
@@ -40,6 +45,7 @@ from edged.models.store import Store
 from edged.models.store.files import crash_at_env_step
 from edged.protocol.ota import ModelRef
 from edged.protocol.schemas import MODEL_STATE_SCHEMA
+from edged.protocol.shadow import ShadowAsk
 
 from ..backends import Backend
 from ..config import Config
@@ -54,11 +60,13 @@ from .admission import batches_check as batches_check
 from .admission import check_io as check_io
 from .admission import estimate_mb as estimate_mb
 from .admission import golden_check as golden_check
+from .admission import shadow_fits
 from .probation import LATENCY_MIN_BATCHES as LATENCY_MIN_BATCHES
 from .probation import MIN_BASELINE_DETECTIONS as MIN_BASELINE_DETECTIONS
 from .probation import OutputRecorder, probation_from_store, probation_verdict
 from .probation import Probation as Probation
 from .probation import output_verdict as output_verdict
+from .shadow import Reporting, ShadowRunner
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +91,10 @@ class ModelManager:
         publish_state: Callable[[dict[str, Any]], None],
         rss_mb: Callable[[], float],
         restart: Callable[[str], None] | None = None,
+        publish_shadow: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        """`restart`: stop the daemon for systemd to start it again (a rollback that cannot be done live)."""
+        """`restart`: stop the daemon for systemd to start it again (a rollback that cannot be done live);
+        `publish_shadow`: the retained shadow report (…/shadow)."""
         self.cfg = cfg
         self.store = store
         self.loop = loop
@@ -95,6 +105,9 @@ class ModelManager:
         self._publish_state = publish_state
         self._rss_mb = rss_mb
         self._restart = restart
+        self._publish_shadow = publish_shadow
+        self.labels: Any | None = None  # daemon/record/labelling.py LabelFrames: a shadow's disagreeing frames
+        self.shadow: ShadowRunner | None = None  # the candidate being evaluated, while one is
         self._lock = threading.Lock()
         self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swap")
         self.probation: Probation | None = None
@@ -114,17 +127,12 @@ class ModelManager:
         return a
 
     # ---- loading ---------------------------------------------------------------------------
-    def open_candidate(self, pkg: Package) -> ActiveModel:
-        """Load, check I/O, build the decoder, warm up and run the golden check; close it on any failure."""
-        cur = self.package.manifest.input
-        if pkg.manifest.input != cur:
-            raise SwapError(
-                f"{pkg.ref} changes the input spec (shape {pkg.manifest.input.shape}, layout "
-                f"{pkg.manifest.input.layout}; running: shape {cur.shape}, layout {cur.layout}). The cameras' "
-                "buffers are sized for the running one, so this version applies at the next start: "
-                "`edged model install` it and restart the daemon",
-                code=Code.INPUT_CHANGED,
-            )
+    def open_candidate(self, pkg: Package, same_input: bool = True) -> ActiveModel:
+        """Load, check I/O, build the decoder, warm up and run the golden check; close it on any failure.
+        `same_input`: refuse a package that takes another input than the serving one (a shadowed candidate
+        preprocesses its own frames: it may differ, and is checked again before it swaps in)."""
+        if same_input:
+            self._same_input(pkg)
         backend = self._open_backend(pkg)
         try:
             check_io(pkg, backend)
@@ -140,10 +148,25 @@ class ModelManager:
             raise
         return ActiveModel(backend, decoder, m.name, m.version)
 
+    def _same_input(self, pkg: Package) -> None:
+        cur = self.package.manifest.input
+        if pkg.manifest.input != cur:
+            raise SwapError(
+                f"{pkg.ref} changes the input spec (shape {pkg.manifest.input.shape}, layout "
+                f"{pkg.manifest.input.layout}; running: shape {cur.shape}, layout {cur.layout}). The cameras' "
+                "buffers are sized for the running one, so this version applies at the next start: "
+                "`edged model install` it and restart the daemon",
+                code=Code.INPUT_CHANGED,
+            )
+
     # ---- swaps -----------------------------------------------------------------------------
-    def install_staged(self, pkg: Package, transfer: str | None = None) -> dict[str, Any]:
+    def install_staged(
+        self, pkg: Package, transfer: str | None = None, loaded: ActiveModel | None = None
+    ) -> dict[str, Any]:
         """A verified staged package (`Store.stage`, or `Store.adopt` for an OTA download) becomes the serving
-        model, on probation; the store renames its folder in. Nothing is hashed or parsed again here."""
+        model, on probation; the store renames its folder in. Nothing is hashed or parsed again here.
+        `loaded`: the package already loaded and warmed up (a shadowed candidate that passed): swapped in side
+        by side as it is (closed when refused)."""
         if self.store is None:
             raise SwapError("this daemon runs model.package, not the store (model.name): nothing to install into")
         with self._lock:
@@ -155,8 +178,10 @@ class ModelManager:
                     code=Code.OTHER_MODEL,
                 )
             try:
-                mode, gap_ms = self._load_and_flip(pkg, stage)
+                mode, gap_ms = self._load_and_flip(pkg, stage, loaded)
             except EdgedError as exc:
+                if loaded is not None and self.loop.active is not loaded:
+                    loaded.backend.close()
                 if exc.code in MODEL_FAULTS:
                     self.store.mark_bad(m.name, m.version)
                 if not stage.is_relative_to(self.store.root):  # (a crash's leftover under versions/ stays)
@@ -165,7 +190,7 @@ class ModelManager:
                 raise
             return {"model": {"name": m.name, "version": m.version}, "mode": mode, "gap_ms": round(gap_ms, 1)}
 
-    def _load_and_flip(self, pkg: Package, stage: Path) -> tuple[str, float]:
+    def _load_and_flip(self, pkg: Package, stage: Path, loaded: ActiveModel | None = None) -> tuple[str, float]:
         if self.store is None:
             raise SwapError(f"{pkg.ref}: this daemon has no model store to install into", code=Code.NOT_SUPPORTED)
         m = pkg.manifest
@@ -174,13 +199,17 @@ class ModelManager:
         baseline = current.cost_ms.percentiles((50,)).get("p50")
         before = current.recent_output(self.cfg.model.probation_output_frames)
         self.recorder.record(current)  # the baseline, kept should this probation span a restart
-        mode = plan_swap(
-            current.backend.memory_bytes / 2**20, estimate_mb(pkg), self._rss_mb(), self.cfg.memory.budget_mb
-        )
+        if loaded is not None:
+            self._same_input(pkg)
+            mode: str = "side_by_side"  # both are loaded already
+        else:
+            mode = plan_swap(
+                current.backend.memory_bytes / 2**20, estimate_mb(pkg), self._rss_mb(), self.cfg.memory.budget_mb
+            )
         logger.info("swap %s -> %s: %s", old_pkg.ref, pkg.ref, mode.replace("_", "-"))
         t0 = time.monotonic()
         if mode == "side_by_side":
-            new = self.open_candidate(pkg)  # the old model keeps serving meanwhile
+            new = loaded or self.open_candidate(pkg)  # the old model keeps serving meanwhile
             crash_at_env_step("swap_loaded")
             self.store.activate(m.name, m.version, stage, baseline)
             self._probation_start(m.name)
@@ -211,6 +240,75 @@ class ModelManager:
         self.last_gap_ms = gap_ms
         self._outcome("model_activated", pkg.ref, previous=old_pkg.manifest.version, mode=mode)
         return mode, gap_ms
+
+    # ---- shadow evaluation (an offer with `shadow`) ----------------------------------------
+    def shadow_staged(
+        self,
+        pkg: Package,
+        transfer: str,
+        ask: ShadowAsk,
+        progress: Callable[[str, dict[str, Any]], None],
+        stop: threading.Event,
+    ) -> dict[str, Any] | None:
+        """The verified staged package loaded beside the serving model and evaluated on sampled live frames
+        (shadow.py), then swapped in (`install_staged`, the loaded candidate reused) when its report passes.
+        `progress(state, summary)` at every report. A failed report raises SwapError (model_rejected: the
+        version is marked bad), no evidence by `max_s` SwapError (no_evidence: not marked); either way the
+        candidate is closed and its staged files go. None when `stop` came first (the staged files stay: the
+        transfer resumes, and the evaluation starts again, at the next start)."""
+        if self.store is None:
+            raise SwapError("this daemon runs model.package, not the store (model.name): nothing to install into")
+        m, serving = pkg.manifest, self.active
+        memory = {
+            "serving": round(serving.backend.memory_bytes / 2**20, 1),
+            "candidate": round(estimate_mb(pkg), 1),
+            "budget": self.cfg.memory.budget_mb,
+        }
+        try:
+            if m.name != self.package.manifest.name:
+                raise SwapError(f"{pkg.ref} is not the model this daemon serves ({self.package.manifest.name})",
+                                code=Code.OTHER_MODEL)  # fmt: skip
+            shadow_fits(memory["serving"], memory["candidate"], self._rss_mb(), self.cfg.memory.budget_mb)
+            candidate = self.open_candidate(pkg, same_input=False)
+        except EdgedError as exc:
+            self._shadow_refused(pkg, transfer, exc, mark_bad=exc.code in MODEL_FAULTS)
+            raise
+        memory["candidate"] = round(max(candidate.backend.memory_bytes / 2**20, memory["candidate"]), 1)
+        runner = self.shadow = ShadowRunner(
+            candidate, m.input, self.loop.cameras, ask, self.loop.opts, (serving.name, serving.version), self.labels
+        )
+        logger.info("shadow: %s beside %s at %g fps per camera", pkg.ref, serving.ref, ask.sample_fps)
+        self.publish_state()  # the model state names the candidate while it is shadowed (edged fleet's column)
+        try:
+            report = Reporting(self.cfg.device_id, transfer, memory, self._publish_shadow, progress)
+            state, reasons = runner.run(self.loop, stop, report)
+        except BaseException:
+            candidate.backend.close()
+            raise
+        finally:
+            self.shadow = None
+            self.publish_state()
+        if state == "passed":
+            logger.info("shadow: %s passed: swapping it in", pkg.ref)
+            return self.install_staged(pkg, transfer, loaded=candidate)
+        candidate.backend.close()
+        if state == "stopped":
+            return None
+        code = Code.MODEL_REJECTED if state == "failed" else Code.NO_EVIDENCE
+        refused = SwapError(f"{pkg.ref} {state.replace('_', ' ')} in shadow: {'; '.join(reasons)}", code=code)
+        self._shadow_refused(pkg, transfer, refused, mark_bad=state == "failed", figures=runner.figures()[0])
+        raise refused
+
+    def _shadow_refused(
+        self, pkg: Package, transfer: str, exc: EdgedError, mark_bad: bool, figures: dict[str, Any] | None = None
+    ) -> None:
+        m = pkg.manifest
+        if self.store is not None and mark_bad:
+            self.store.mark_bad(m.name, m.version)
+        if self.store is not None and not pkg.root.is_relative_to(self.store.root):
+            shutil.rmtree(pkg.root, ignore_errors=True)  # never activated: its staged copy goes now
+        logger.warning("shadow: %s", exc)
+        self._outcome("model_rejected", pkg.ref, code=exc.code, error=str(exc), transfer=transfer, shadow=figures)
 
     def _probation_start(self, name: str) -> None:
         if self.store is None:
@@ -405,6 +503,8 @@ class ModelManager:
             }
         else:
             doc["probation"] = None
+        shadow = self.shadow
+        doc["shadow"] = shadow.candidate.ref if shadow is not None else None  # the candidate being shadowed
         if self.last:
             doc["last"] = self.last
         return doc

@@ -31,6 +31,12 @@ retained offer lives only while a pusher serves it: it expires (MQTT v5 Message 
 stops waiting and is withdrawn when it exits, so a device back later never starts a transfer nobody
 serves (pushing again serves it: a new rollout).
 
+With ``--shadow`` (`edged.deploy.promote`) every wave's devices first evaluate the candidate on their live
+frames; a device whose evidence fails the thresholds (``model_rejected``) or that saw too little to judge on
+(``no_evidence``) ends ``rejected`` and counts against ``--max-failures`` like any failure, so the rollout
+stops before the next wave. The state file keeps the ask (``shadow``) and each device's report (its
+outcome's ``shadow``: state, totals, per camera, reasons), and the report names each device with its figures.
+
 Exit status: 0 every device succeeded; 1 some did not (within the threshold), or stayed offline; 2 usage
 or another rollout's state; 3 aborted (over the threshold); 130 stopped (resume it).
 """
@@ -38,6 +44,7 @@ or another rollout's state; 3 aborted (over the threshold); 130 stopped (resume 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import signal
 import sys
@@ -54,10 +61,13 @@ from edged.errors import Code, EdgedError
 from edged.errors import RolloutError as RolloutError  # importable here as before
 from edged.protocol import topics
 from edged.protocol.client import MqttSettings
-from edged.protocol.ota import group_offer_payload, offer_args
+from edged.protocol.ota import group_offer_payload
+from edged.protocol.shadow import ShadowAsk
 
 from ..mirror import Mirror
-from ..push import Device, Wait, report
+from ..progress import report
+from ..promote import ShadowView, ask_text, summary_text
+from ..push import Device, Wait
 from .pusher import RolloutPusher
 
 # the plan and the state file live in rollout/state.py; re-exported: `from edged.deploy.rollout import plan_waves`
@@ -71,6 +81,7 @@ from .state import parse_waves as parse_waves
 from .state import plan_waves as plan_waves
 
 EXIT_ABORTED = 3
+TIMEOUT_S = 900.0  # a wave's default bound; a rollout that shadows adds its ask's max_s
 EXIT_STOPPED = 130
 
 
@@ -94,10 +105,14 @@ def run_rollout(
     wait_offline_s: float = 0.0,
     out: TextIO = sys.stderr,
     mirror: Mirror | None = None,
+    verbose: bool = False,
 ) -> int:
     resumed = r.status != "new"
     pusher = RolloutPusher(mqtt_cfg, Path(r.package), out, transfer=r.transfer)
     pusher.resumed = resumed
+    pusher.verbose = verbose
+    if r.shadow is not None:
+        pusher.use_shadow(ShadowAsk.model_validate(r.shadow))
     print(
         f"push: {pusher.ref} ({pusher.total / 2**20:.1f} MiB, transfer {pusher.transfer}) via "
         f"{mqtt_cfg.host}:{mqtt_cfg.port}; rollout state {r.path}"
@@ -105,6 +120,8 @@ def run_rollout(
         + (" (another push of it runs now: this is a rollout of its own)" if r.beside else ""),
         file=out,
     )
+    if pusher.shadow_ask is not None:
+        print(f"push: shadow first: {ask_text(pusher.shadow_ask)}", file=out)
     old_handler = _stop_on_sigterm()
     t0 = time.monotonic()
     try:
@@ -216,7 +233,8 @@ def _waves(
                 r.outcomes[dev] = {"state": "skipped", "error": "left untouched: the rollout aborted"}
             _withdraw_group_offer(pusher)
             r.status = "aborted"
-            r.reason = f"{len(failures)} failure(s) ({', '.join(failures[:5])}) over --max-failures {r.max_failures}"
+            named = "; ".join(_failure_text(r, dev) for dev in failures[:5])
+            r.reason = f"{len(failures)} failure(s) ({named}) over --max-failures {r.max_failures}"
             r.save()
             print(f"push: ABORTED after {name}: {r.reason}; {len(skipped)} device(s) left untouched", file=out)
             return EXIT_ABORTED
@@ -227,6 +245,12 @@ def _waves(
     r.save()
     bad = [dev for dev in r.targets() + r.offline if r.state_of(dev) not in OK and not _ok_swap(r, dev)]
     return 0 if not bad else 1
+
+
+def _failure_text(r: Rollout, dev: str) -> str:
+    """A failed device in the abort's reason: its id, with its shadow figures when it was judged on them."""
+    shadow = r.outcomes.get(dev, {}).get("shadow")
+    return f"{dev}: {summary_text(shadow)}" if isinstance(shadow, dict) else dev
 
 
 def _ok_swap(r: Rollout, dev: str) -> bool:
@@ -244,7 +268,7 @@ def _publish_group_offer(pusher: RolloutPusher, group: str, serve_s: float) -> N
         props.MessageExpiryInterval = max(1, math.ceil(serve_s))
     info = pusher.client.publish(
         topics.group_offer(pusher.prefix, group),
-        group_offer_payload(group, offer_args(pusher.transfer, pusher.manifest_bytes, pusher.sig_bytes, pusher.urls)),
+        group_offer_payload(group, pusher.offer_args()),
         qos=1,
         retain=True,
         properties=props,
@@ -278,6 +302,14 @@ def _final_report(pusher: RolloutPusher, r: Rollout, seconds: float, out: TextIO
             o = r.outcomes.get(dev, {})
             d = pusher.devices[dev] = Device(dev, total=pusher.total)
             d.finish(o.get("state", "skipped"), o.get("error", "") or "(an earlier run)")
+            shadow = o.get("shadow")
+            if isinstance(shadow, dict):
+                d.shadow = ShadowView(
+                    state=str(shadow.get("state") or ""),
+                    totals=dict(shadow.get("totals") or {}),
+                    per_camera=dict(shadow.get("per_camera") or {}),
+                    reasons=list(shadow.get("reasons") or []),
+                )
     report(pusher, r.wait, seconds, out)
     print(f"push: rollout {r.status}; state in {r.path}", file=out)
 
@@ -289,7 +321,7 @@ def start_rollout(
     group: str | None,
     canary: int,
     wait: Wait,
-    timeout_s: float,
+    timeout_s: float | None,
     discover_s: float = 2.0,
     out: TextIO = sys.stderr,
     waves: str = "100",
@@ -298,9 +330,12 @@ def start_rollout(
     resume: Path | None = None,
     wait_offline_s: float = 0.0,
     mirror: Mirror | None = None,
+    shadow: ShadowAsk | None = None,
+    verbose: bool = False,
 ) -> int:
     """``edged push``: a new rollout, or the one in `state` (the default file for this package and these
-    targets) resumed, or the one in `resume` with everything it recorded."""
+    targets) resumed, or the one in `resume` with everything it recorded. `timeout_s`: per wave (None:
+    `TIMEOUT_S`, plus the shadow ask's ``max_s`` when the rollout shadows)."""
     lock: IO[str] | None = None
     try:
         if resume is not None:
@@ -314,6 +349,7 @@ def start_rollout(
         else:
             allowed_failures(max_failures, 1)  # a usage error before anything is sent
             _, ref, fresh = new_rollout(package, group, devices, parse_waves(waves), canary, max_failures, wait)
+            fresh.shadow = None if shadow is None else shadow.doc()
             fresh.path = state or default_state_path(ref, group, devices, f"{mqtt_cfg.host}_{mqtt_cfg.port}")
             try:
                 lock = running_lock(fresh.path)
@@ -326,12 +362,21 @@ def start_rollout(
                 lock = running_lock(fresh.path)
                 fresh.beside = True
             r = open_rollout(fresh.path, fresh, state is not None, out)
+            if r is not fresh and r.shadow != fresh.shadow:  # the same rollout must ask the same of every wave
+                said = "with --shadow " + json.dumps(r.shadow) if r.shadow else "without --shadow"
+                raise RolloutError(
+                    f"{fresh.path}: this rollout was started {said}; resume it with --resume {fresh.path}, "
+                    "or remove the file to start another",
+                    code=Code.INVALID_ARGUMENTS,
+                )
     except (ValueError, RolloutError) as exc:
         print(f"edged push: error: {exc}", file=out)
         if lock is not None:
             lock.close()
         return 2
+    if timeout_s is None:
+        timeout_s = TIMEOUT_S + (ShadowAsk.model_validate(r.shadow).max_s if r.shadow is not None else 0.0)
     try:
-        return run_rollout(mqtt_cfg, r, timeout_s, discover_s, wait_offline_s, out, mirror)
+        return run_rollout(mqtt_cfg, r, timeout_s, discover_s, wait_offline_s, out, mirror, verbose)
     finally:
         lock.close()  # the lock goes with the process anyway (a SIGKILL frees it too)

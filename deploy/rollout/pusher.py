@@ -31,7 +31,8 @@ from edged.protocol import topics
 from edged.protocol.client import MqttSettings
 from edged.protocol.ota import OtaState, chunk
 
-from ..push import TAKE_BACK_S, Device, Progress, Pusher, Wait
+from ..progress import Progress
+from ..push import TAKE_BACK_S, Device, Pusher, Wait
 
 MAX_OUT_BYTES = 32 << 20  # chunk bytes handed to paho and not yet written to the socket
 MAX_PENDING_PER_DEVICE = 32  # chunk requests waiting per device (a device asks `ota.window` at a time)
@@ -158,6 +159,7 @@ class RolloutPusher(Pusher):
             # broker would queue the SUBACKs of later subscriptions behind them
             for topic in (topics.ota_status(root), topics.model_state(root), topics.ota_request(root)):
                 self._subscribe(topic)
+            self._follow_shadow(d)
         if self.resumed:  # the retained model states of this wave are in: who committed before is not offered
             self.fence(10.0)
         else:  # a new rollout offers everyone (a current device answers unchanged): subscribed is enough, and
@@ -173,7 +175,7 @@ class RolloutPusher(Pusher):
                 self._offer(d)
         if offered is not None:
             offered()
-        progress = Progress(self.out, wave) if len(wave) <= MAX_PROGRESS_LINES else None
+        progress = Progress(self.out, wave, self.verbose) if len(wave) <= MAX_PROGRESS_LINES else None
         next_summary = time.monotonic() + SUMMARY_EVERY_S
         while True:
             with self._lock:
@@ -211,6 +213,7 @@ class RolloutPusher(Pusher):
                         d.finish("timed_out", f"no outcome within {timeout_s:.0f} s (last state: {d.state})")
                 break
             time.sleep(0.2)
+        self.settle_shadow(wave)
         if progress is not None:
             progress.draw(final=True)
         else:
@@ -226,9 +229,12 @@ class RolloutPusher(Pusher):
             ok = sum(1 for d in wave if d.ok(wait))
             bad = sum(1 for d in wave if d.ended is not None and not d.ok(wait) and d.state != "offline")
             moving = sum(d.bytes for d in wave if d.ended is None)
+            shadowing = sum(1 for d in wave if d.ended is None and d.state == OtaState.SHADOWING)
         print(
             f"push: {ok} of {len(wave)} done, {bad} failed, {len(wave) - ok - bad} in progress "
-            f"({moving / 2**20:.1f} MiB downloaded by those); sending {self.out_bytes / 2**20:.1f} MiB",
+            f"({moving / 2**20:.1f} MiB downloaded by those"
+            + (f", {shadowing} shadowing" if shadowing else "")
+            + f"); sending {self.out_bytes / 2**20:.1f} MiB",
             file=self.out,
             flush=True,
         )

@@ -91,17 +91,19 @@ class Rollout:
     wait: Wait
     plan: list[list[str]] = field(default_factory=list)
     offline: list[str] = field(default_factory=list)
-    outcomes: dict[str, dict[str, str]] = field(default_factory=dict)
+    # each device's {state, error}, and with --shadow its report's `shadow` summary (`ShadowView.summary`)
+    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
     wave: int = 0
     status: str = "new"  # new, running, stopped, aborted, done
     urls: dict[str, list[str]] = field(default_factory=dict)  # --mirror: where the files are (kept for a resume)
     reason: str = ""
+    shadow: dict[str, Any] | None = None  # --shadow: the offer's ask (`ShadowAsk.doc()`), kept for a resume
     _saved: float = 0.0
     beside: bool = False  # not saved: another `edged push` runs this package to these devices now
 
     def doc(self) -> dict[str, Any]:
         keys = ["package", "manifest_sha256", "ref", "transfer", "group", "devices", "waves", "canary"]
-        keys += ["max_failures", "wait", "plan", "offline", "outcomes", "wave", "status", "reason", "urls"]
+        keys += ["max_failures", "wait", "plan", "offline", "outcomes", "wave", "status", "reason", "urls", "shadow"]
         return {"schema": SCHEMA, **{k: getattr(self, k) for k in keys}, "saved_at": time.time()}
 
     def save(self, force: bool = True) -> None:
@@ -126,9 +128,11 @@ class Rollout:
     def record(self, devices: list[Device]) -> None:
         for d in devices:
             self.outcomes[d.id] = {"state": d.state, "error": d.error}
+            if d.shadow is not None and (d.shadow.state or d.shadow.totals):
+                self.outcomes[d.id]["shadow"] = d.shadow.summary()
 
     def state_of(self, dev: str) -> str:
-        return self.outcomes.get(dev, {}).get("state", "")
+        return str(self.outcomes.get(dev, {}).get("state", ""))
 
     def failures(self) -> list[str]:
         return [dev for dev, o in self.outcomes.items() if o.get("state") in FAILED]

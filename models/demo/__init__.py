@@ -12,6 +12,8 @@ Laid out under the cache folder:
     packages/blazeface-back/       BlazeFace 256x256 "back" model, batch B, ssd_anchors decoder
     packages/blazeface-front/      BlazeFace 128x128 "front" model, batch B
     packages/picodet-layout/       PicoDet CDLA layout model, batch B, picodet decoder
+    packages/ppocr-rec/            PP-OCRv4 text recogniser (RapidOCR), 48x960, batches 1 and B, ctc decoder, a
+                                   cascade's stage (role stage) behind picodet-layout's text regions
     video/demo.mp4, video/demo.json  the demo video and its ground-truth face boxes
     video/documents.mp4, video/documents.json  rendered document pages and their layout regions
 """
@@ -135,7 +137,22 @@ ARTEFACTS = (
         },
         licence="public domain (matplotlib sample data)",
     ),
+    Artefact(
+        key="rapidocr",
+        fetch=(*_PIP, "rapidocr-onnxruntime==1.4.4"),
+        pattern="rapidocr_onnxruntime-1.4.4",
+        files={
+            "ch_PP-OCRv4_rec_infer.onnx": (
+                "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+                "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+            ),
+        },
+        licence="Apache-2.0 (PaddleOCR PP-OCRv4 recogniser, packaged by RapidAI)",
+    ),
 )
+# The recogniser's fixed input: PP-OCR's height 48; 960 wide holds the demo pages' longest title (an aspect of
+# about 19 with the crop's padding) without squeezing it, 120 CTC steps
+PPOCR_REC_SIZE = (960, 48)
 
 BLAZEFACE_DECODER = {
     "type": "ssd_anchors",
@@ -188,6 +205,7 @@ def fetch_demo(root: Path | None = None, batch: int = DEFAULT_BATCH, progress: P
         "blazeface-back": _blazeface(raw, root / "packages", "back", 256, batch, say),
         "blazeface-front": _blazeface(raw, root / "packages", "front", 128, batch, say),
         "picodet-layout": _picodet(raw, root / "packages", batch, say),
+        "ppocr-rec": _ppocr_rec(raw, root / "packages", batch, say),
     }
     video, truth = root / "video" / "demo.mp4", root / "video" / "demo.json"
     if not (video.exists() and truth.exists()):
@@ -196,7 +214,7 @@ def fetch_demo(root: Path | None = None, batch: int = DEFAULT_BATCH, progress: P
     else:
         say(f"demo video cached: {video}")
     docs, docs_truth = root / "video" / "documents.mp4", root / "video" / "documents.json"
-    if not (docs.exists() and docs_truth.exists()):
+    if not (docs.exists() and _has_text(docs_truth)):  # an older cache's truth has no region text: drawn again
         say(f"rendering the document pages -> {docs}")
         make_document_video(raw, docs, docs_truth)
     return DemoAssets(root, packages, video, truth, docs, docs_truth)
@@ -344,3 +362,39 @@ def _picodet(raw: Path, out: Path, batch: int, say: Progress) -> Package:
     return _package(
         raw / "layout_cdla.onnx", out / "picodet-layout", batch, PICODET_LABELS, fields, ARTEFACTS[1].licence, say
     )
+
+
+def _ppocr_rec(raw: Path, out: Path, batch: int, say: Progress) -> Package:
+    """The PP-OCR recogniser as a stage package, made as `edged model init` makes it from the same file (the
+    charset from its metadata, CTC recognised from its output, every batch proved on values against the
+    export), with the pages' title size and PP-OCR's preprocessing; batch `batch` and, below it, batch 1."""
+    from edged.models.init import InitOptions, init_package
+
+    dest = out / "ppocr-rec"
+    cached = _cached_package(dest, batch)
+    if cached:
+        say(f"ppocr-rec: package cached (batch {batch})")
+        return cached
+    if dest.exists():
+        shutil.rmtree(dest)
+    say(f"ppocr-rec: packaging the PP-OCRv4 recogniser at {PPOCR_REC_SIZE[0]}x{PPOCR_REC_SIZE[1]}, batch {batch}")
+    opts = InitOptions(
+        raw / "ch_PP-OCRv4_rec_infer.onnx",
+        out=dest,
+        name="ppocr-rec",
+        batch=batch,
+        input_size=PPOCR_REC_SIZE,
+        extra_batches=(1,) if batch > 1 else (),
+    )
+    return init_package(opts).package
+
+
+def _has_text(truth: Path) -> bool:
+    """The documents' ground truth records each region's text (older caches have boxes only)."""
+    import json
+
+    try:
+        doc = json.loads(truth.read_text())
+        return "text" in doc["frames"][0]["regions"][0]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return False

@@ -39,7 +39,7 @@ from typing import Any
 from edged.errors import Code, PackageError
 
 from ..package import Package, publish_package, read_labels, sha256_file
-from .recognise import PREPROCESS, PREPROCESS_WHY, Detected, detect
+from .recognise import PREPROCESS, PREPROCESS_WHY, STAGE_DECODERS, Detected, detect
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,8 @@ def read_metadata(props: dict[str, str]) -> dict[str, Any]:
         out["names"] = [str(names[k]) for k in sorted(names)]
     elif "character" in props:  # RapidAI / PaddleOCR exports: one label per line
         out["names"] = [n for n in props["character"].splitlines() if n.strip()]
+    if "character" in props:  # every line, blank ones too: a CTC recogniser's class k is line k-1
+        out["charset"] = props["character"].splitlines()
     return out
 
 
@@ -151,7 +153,7 @@ def init_package(opts: InitOptions) -> InitResult:
         original, inp.name, dims[0] or 1, {batch: model, **extra}, _shape(layout, 1, height, width), dtype, decisions
     )
     decisions.append("output shapes with the fixed input: " + ", ".join(f"{n} {list(s)}" for n, s in shapes.items()))
-    found = detect(shapes, height, width, ultralytics, opts.decoder)
+    found = detect(shapes, height, width, ultralytics, opts.decoder, meta.get("charset"))
     decisions.append(f"decoder {found.decoder}: {found.why}")
     checks += found.checks
     labels = _labels(opts, meta, found, decisions, checks)
@@ -208,7 +210,8 @@ def init_package(opts: InitOptions) -> InitResult:
                 **pre,
             },
             "decoder": {"type": found.decoder, "params": found.params},
-            "labels": labels,
+            **({"role": "stage"} if found.decoder in STAGE_DECODERS else {}),
+            "labels": [] if found.decoder == "ctc" else labels,  # a charset: labels.txt alone (6k lines)
             "precision": "fp32",
             "source": {
                 "file": opts.model.name,
@@ -311,6 +314,8 @@ def _fixed_size(
             )
     elif h and w:
         size, why = (w, h), "as exported"
+    elif "charset" in meta and not (h or w) and "imgsz" not in meta:
+        size, why = (320, 48), "PP-OCR's recogniser input 3x48x320 (a charset in the metadata, no imgsz)"
     elif "imgsz" in meta:
         imgsz = meta["imgsz"]
         hw = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
@@ -442,10 +447,15 @@ def _labels(
 ) -> list[str]:
     if opts.labels is not None:
         labels, why = read_labels(opts.labels), f"--labels {opts.labels}"
+    elif found.decoder == "ctc" and meta.get("charset"):
+        labels, why = list(meta["charset"]), "the metadata's charset (`character`, every line)"
     elif meta.get("names"):
         labels, why = list(meta["names"]), "the model's metadata"
     else:
         labels, why = [], ""
+    if found.decoder == "ctc" and not labels:
+        raise PackageError("a CTC recogniser needs its charset: none in the metadata, give --labels FILE",
+                           code=Code.LABELS_MISMATCH)  # fmt: skip
     if labels and found.classes is not None and len(labels) != found.classes:
         raise PackageError(
             f"{len(labels)} labels ({why}), the output has {found.classes} classes", code=Code.LABELS_MISMATCH

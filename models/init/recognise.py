@@ -14,6 +14,12 @@ alone cannot tell everything (the colour order a model was trained on, for one).
 | n [B, N_s, C] + n [B, N_s, 4(reg_max+1)]              | picodet       | RGB ImageNet mean/std, stretch |
 | pairs [B, N, 1] + [B, N, >=4], N = cells^2 x anchors  | ssd_anchors   | RGB to [-1, 1], letterbox    |
 | one [B, C]                                            | classify      | RGB ImageNet mean/std, stretch |
+| one [B, T, C] + a charset (`character`) of C-1 or C-2 | ctc           | BGR (x/255-0.5)/0.5, top-left, pad 128 |
+
+The last two are **secondary** models (the stages of a cascade: run on crops of the primary's detections), and
+their packages say so (`role: stage`). A CTC text recogniser (PP-OCR's, RapidOCR's exports) carries its
+charset in the ONNX metadata key ``character`` (one character per line): class 0 is the CTC blank, 1..N the
+charset, and N+1 a space when the output has one class more (PaddleOCR's ``use_space_char``).
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ Shapes = dict[str, tuple[int, ...]]
 # The one list of decoder names, in the order `edged model init --decoder` lists them: the daemon's registry
 # (edged.daemon.decoders.DECODERS) has one row per name and no other (tests/test_decoder_names.py), and the
 # command line's help is made from it. Here, not in the daemon, because models/ may not import the daemon.
-DECODERS = ("yolov8", "yolov5", "yolox", "efficient_nms", "picodet", "ssd_anchors", "classify")
+DECODERS = ("yolov8", "yolov5", "yolox", "efficient_nms", "picodet", "ssd_anchors", "classify", "ctc")
+# decoders of secondary models: what they read are crops of another model's detections (a cascade's stages)
+STAGE_DECODERS = frozenset({"classify", "ctc"})
 
 _ULTRA = {
     "color": "RGB",
@@ -63,6 +71,18 @@ PREPROCESS: dict[str, dict[str, Any]] = {
         "pad_value": 0,
     },
     "classify": {**_IMAGENET, "resize": "stretch", "pad_value": 0},
+    # PP-OCR's recogniser (rapidocr's TextRecognizer.resize_norm_img): cv2's BGR as read, (x/255 - 0.5)/0.5,
+    # resized to the input height keeping the aspect, at the left of a canvas padded with 0 after normalising
+    # (pixel 127.5: 128 is the nearest grey)
+    "ctc": {
+        "color": "BGR",
+        "scale": 1 / 255,
+        "mean": [0.5] * 3,
+        "std": [0.5] * 3,
+        "resize": "letterbox",
+        "pad_value": 128,
+        "letterbox": "topleft",
+    },
 }
 PREPROCESS_WHY = {
     "yolov8": "Ultralytics' predictor: RGB scaled to 0-1, letterboxed onto 114 grey",
@@ -72,6 +92,7 @@ PREPROCESS_WHY = {
     "picodet": "PaddleDetection's PicoDet: RGB, ImageNet mean/std, resized without keeping the aspect",
     "ssd_anchors": "MediaPipe's BlazeFace: RGB scaled to [-1, 1]",
     "classify": "a torchvision-style classifier: RGB, ImageNet mean/std",
+    "ctc": "PP-OCR's recogniser: BGR, (x/255 - 0.5)/0.5, kept aspect at the left, padded with mid grey",
 }
 
 
@@ -90,11 +111,19 @@ def cells(height: int, width: int, strides: tuple[int, ...] = (8, 16, 32), ceil:
     return sum((height // s) * (width // s) for s in strides)
 
 
-def detect(shapes: Shapes, height: int, width: int, ultralytics: bool, forced: str | None = None) -> Detected:
-    """The decoder for these output shapes (`forced`: the user's choice, still checked for fit)."""
+def detect(
+    shapes: Shapes,
+    height: int,
+    width: int,
+    ultralytics: bool,
+    forced: str | None = None,
+    charset: list[str] | None = None,
+) -> Detected:
+    """The decoder for these output shapes (`forced`: the user's choice, still checked for fit). `charset`: the
+    metadata's ``character`` lines, when the export has them (a CTC recogniser's)."""
     if forced is not None and forced not in DECODERS:
         raise PackageError(f"--decoder {forced!r} is not one of {', '.join(DECODERS)}", code=Code.INIT_FAILED)
-    found = _by_shape(shapes, height, width, ultralytics)
+    found = _ctc(shapes, charset, forced == "ctc") or _by_shape(shapes, height, width, ultralytics)
     if forced is None:
         if found is None:
             raise PackageError(
@@ -220,6 +249,42 @@ def _ssd(shapes: Shapes, h: int, w: int) -> Detected | None:
         f"{len(scores)} score outputs [B, N, 1] paired with box outputs [B, N, {shapes[boxes[0]][2]}]: SSD anchors "
         + ", ".join(f"{g['cells']}x{g['cells']}x{g['anchors']}" for g in grids),
         ["SSD anchors are read as MediaPipe's (cell centres, offsets in input pixels): check a few detections"],
+    )
+
+
+def _ctc(shapes: Shapes, charset: list[str] | None, forced: bool) -> Detected | None:
+    """One [B, T, C] output whose C is the charset plus the CTC blank (plus a space): a CTC text recogniser.
+    Without a charset only `--decoder ctc` reads it so (then --labels gives the charset)."""
+    if len(shapes) != 1:
+        return None
+    shape = next(iter(shapes.values()))
+    if len(shape) != 3:
+        return None
+    _, steps, classes = shape
+    if charset is None:
+        if not forced:
+            return None
+        return Detected(
+            "ctc",
+            {"blank": 0, "space": False},
+            classes - 1,
+            f"one output {list(shape)}: [B, T, C] read as CTC (--decoder ctc); class 0 the blank",
+            ["no charset in the metadata: --labels must list the C-1 characters after the blank, in order"],
+        )
+    extra = classes - len(charset)
+    if extra not in (1, 2):
+        return None
+    return Detected(
+        "ctc",
+        {"blank": 0, "space": extra == 2},
+        len(charset),
+        f"one output {list(shape)}: [B, T={steps}, C={classes}] with the metadata's charset of {len(charset)} "
+        f"characters + the CTC blank (class 0){' + a space (the last class)' if extra == 2 else ''}: a CTC text "
+        "recogniser (PP-OCR), a secondary model (role stage)",
+        [
+            f"{steps} time steps per crop: a line longer than about {steps // 2} characters at this input width "
+            "loses characters; --input-size a wider W (height as trained) if your lines are longer"
+        ],
     )
 
 

@@ -17,7 +17,9 @@ release. ``__init__``, ``infer`` and ``close`` hand their work to it and wait, w
 in the caller; whichever threads the loader, the inference loop and a swap run on, the context is pushed
 and popped on the same one. The hand-off costs a queue round trip per batch (bench: tens of µs).
 
-The builder is ``build``. Nothing here runs on the project's CI machines (no GPU):
+The builder is ``build``; ``uint8`` hands it a folded model's uint8 input straight into a Cast, as TensorRT
+takes uint8 (the engine's input binding is then uint8: the host copies bytes). Nothing here runs on the
+project's CI machines (no GPU):
 tests/test_tensorrt_api.py checks it against the real bindings of each supported TensorRT version,
 tests/test_trt_thread.py the one-thread rule with a recording stand-in, and ``scripts/gpu-check.sh`` runs
 tests/test_tensorrt.py on a machine with TensorRT and a GPU.

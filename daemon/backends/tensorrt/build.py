@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from edged.errors import BackendError, EdgedError, EngineLoadError
 
 from .api import BuilderOptions, Precision, TrtApi, TrtModules, device_facts, load_modules, onnx_precision, translate
 from .cuda import CudaApi, CudaError
+from .uint8 import trt_ready
 
 __all__ = [
     "BuilderOptions",
@@ -103,8 +105,12 @@ def build_engine(
         if dla_core is not None and opts.hardware_compatibility != "none":
             raise BackendError("a DLA engine cannot be hardware-compatible: drop --hardware-compatibility")
         batches = (calibration or []) if calibrate else None
-        args = (onnx_file, out, input_name, input_shape, precision, workspace_mb, timing_cache, dla_core, progress)
-        return _build(api, m, *args, batches, calibration_cache, opts)
+        with tempfile.TemporaryDirectory(prefix="edged-trt-") as work:
+            parsed = trt_ready(onnx_file, Path(work))  # a uint8 (folded) input straight into its Cast: uint8.py
+            if parsed != onnx_file and progress is not None:
+                progress(f"{input_name} is uint8 pixels: the engine takes bytes (the Cast to float moved first)")
+            args = (parsed, out, input_name, input_shape, precision, workspace_mb, timing_cache, dla_core, progress)
+            return _build(api, m, *args, batches, calibration_cache, opts)
     except (EdgedError, KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:

@@ -15,6 +15,9 @@ reason, credentials scrubbed, so the camera's ``last_error`` says why.
 A frame over the camera's ``max_frame_pixels`` (``framebound``) is dropped before the decoder, by the
 size its input's caps announce (what a parser or demuxer read from the stream), and, where no decoder
 announced one (a ``gst://`` pipeline), before its sample is mapped into Python; each is counted.
+
+Where decodebin puts an H.264/H.265 parser before the decoder, a tap (``tap.py``) on its output keeps the stream's
+own packets for a camera that records (``record:``), which attaches its encoded ring after the open.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from ..netcam import tls_refusal
 from ..redact import scrub
 from ..registry import GST_SCHEMES, plan  # GST_SCHEMES: the rows with a plan, what the GStreamer path opens
 from ..uri import Plan
+from .tap import PARSERS, ParsedTap, RawTap
 from .why import Tls, connect_reason, describe_certificate_errors, explain
 
 logger = logging.getLogger(__name__)
@@ -104,10 +108,11 @@ _RESOLVED = {
         "EventType.CAPS PadProbeReturn.OK PadProbeType.EVENT_DOWNSTREAM PadProbeType.BUFFER State.NULL State.PLAYING "
         "StateChangeReturn.FAILURE MessageType.ERROR MessageType.EOS IteratorResult.OK MapFlags.READ Rank.PRIMARY "
         "CLOCK_TIME_NONE PadProbeInfo Event Caps Structure Sample Buffer MapInfo Message Bus Pad Element Bin Pipeline "
-        "Iterator ElementFactory Object"
+        "Iterator ElementFactory Object BufferFlags.DELTA_UNIT Format.TIME FlowReturn.OK PadProbeReturn.REMOVE "
+        "Segment"
     ),
     "GLib": "Error",
-    "GstApp": "AppSink",
+    "GstApp": "AppSink AppSrc",
     # the parents PyGObject builds an element's class from (filesrc, h264parse, videoscale, the decoders)
     "GstBase": "BaseSrc PushSrc BaseParse BaseTransform BaseSink",
     "GstVideo": "VideoFilter VideoDecoder",
@@ -155,6 +160,14 @@ def _gio_once() -> Any:
     except Exception as exc:  # as in _load_once
         logger.warning("Gio: could not resolve its TLS classes up front: %s", exc)
     return Gio
+
+
+def modules() -> tuple[Any, Any]:
+    """(Gst, GLib), loaded and initialised once; CaptureError with the reason where they do not load."""
+    gst, glib, why = _load()
+    if gst is None:
+        raise CaptureError(why)
+    return gst, glib
 
 
 def available() -> bool:
@@ -214,6 +227,8 @@ class GstSource:
         self.scaled_from: tuple[int, int] | None = None
         self.codec = ""  # the source's caps name (video/x-h264 …), for --probe-cameras
         self.decoder = ""  # the decoder decodebin chose (nvv4l2decoder = hardware)
+        self.tap: ParsedTap | None = None  # the stream's own H.264/H.265 packets, for a camera that records
+        self.raw_tap: RawTap | None = None  # the decoded frames, for a camera that records another codec
         self._src_size: tuple[int, int] | None = None
         self._bound = bound or FrameBound(shown)
         self._coded_size: tuple[int, int] | None = None  # what the decoder's input caps announce
@@ -329,10 +344,15 @@ class GstSource:
         if factory is None:
             return
         klass = factory.get_metadata("klass") or ""
+        if factory.get_name() in PARSERS and self.tap is None:  # the packets before the decoder, for a ring
+            self.tap = ParsedTap(self._gst, element.get_static_pad("src"), factory.get_name())
         if "Decoder" in klass and ("Video" in klass or "Image" in klass):  # jpegdec is Codec/Decoder/Image
             pad = element.get_static_pad("sink")
             if "Video" in klass:
                 self.decoder = factory.get_name()
+                src_pad = element.get_static_pad("src")
+                if self.raw_tap is None and src_pad is not None:
+                    self.raw_tap = RawTap(self._gst, src_pad)
                 if pad is not None:
                     caps = pad.get_current_caps() or pad.query_caps(None)
                     if caps is not None and caps.get_size():
@@ -519,6 +539,9 @@ class GstSource:
             else:
                 obj.disconnect(hook)
         self._hooks.clear()
+        for tap in (self.tap, self.raw_tap):
+            if tap is not None:
+                tap.close()
         self.sink = self._bus = self._size = self._pending = self._caps = None
         with self._sizes_lock:
             self._sizes.clear()

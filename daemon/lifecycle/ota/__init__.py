@@ -32,6 +32,12 @@ it), failed (the transfer could not complete), joined (the same package was offe
 it downloaded: the transfer carries on under the newer offer's id, named in `by`), cancelled (the
 ``cancel`` command stopped it: its files are dropped).
 
+An offer with ``shadow`` (protocol/shadow.py) has the installer evaluate the candidate beside the serving
+model before it swaps in (`Installer.shadow_staged`): the status is ``shadowing`` (its ``detail.shadow``: the
+report's figures so far) until the verdict, then ``probation`` or ``rejected`` (``model_rejected`` or
+``no_evidence``, with the last figures in ``detail``). One transfer at a time: another offer meanwhile is
+``busy``, and a cancel is too late (the swap has begun).
+
 The ``cancel`` command (`OtaReceiver.cancel`) stops the running transfer on either path while its files
 download (a chunk fetch within a quarter second; an HTTP(S) read is cut at once, a connect within
 ``ota.http_timeout_s``), drops its folder, publishes ``cancelled`` and replies once the thread has
@@ -72,6 +78,7 @@ from edged.protocol.ota import (
     offer_payload,
     status_doc,
 )
+from edged.protocol.shadow import ShadowAsk
 
 from ...config import OtaConfig
 from .chunks import ChunkFetcher, OtaLink
@@ -104,6 +111,18 @@ class Installer(Protocol):
         """Report a package refused before any swap (`ref` None: its manifest named nothing trusted)."""
         ...
 
+    def shadow_staged(
+        self,
+        pkg: Package,
+        transfer: str,
+        ask: ShadowAsk,
+        progress: Any,
+        stop: threading.Event,
+    ) -> dict[str, Any] | None:
+        """Evaluate the staged package beside the serving model, then swap it in when it passes; raises when
+        refused (and reports that itself); None when stopped first."""
+        ...
+
 
 class OtaReceiver:
     def __init__(
@@ -128,6 +147,8 @@ class OtaReceiver:
         self._thread: threading.Thread | None = None
         self.completed = 0
         self._http: Downloader | None = None  # made at the first offer with URLs (TLS settings checked then)
+        self._asks: dict[str, ShadowAsk] = {}  # transfer folder -> its offer's shadow ask
+        self._shadow_detail: dict[str, Any] = {}  # the running shadow's last figures (for a rejection's status)
 
     @property
     def max_message_bytes(self) -> int:
@@ -171,6 +192,7 @@ class OtaReceiver:
             folder.mkdir(parents=True, exist_ok=True)
             write_atomic(folder / "offer.json", offer_payload(args))
             t = Transfer(folder, args.transfer, offer, args.urls)
+            self._ask(t, args.shadow)
             self._start(t)
             return self._accepted(t)
 
@@ -260,10 +282,16 @@ class OtaReceiver:
                 shutil.rmtree(folder, ignore_errors=True)
                 continue
             t = Transfer(folder, args.transfer, offer, args.urls)
+            self._ask(t, args.shadow)
             logger.info("ota: resuming transfer %s of %s at %d of %d bytes", t.id, t.ref, t.have, t.total)
             with self._lock:
                 self._start(t)
             return
+
+    def _ask(self, t: Transfer, ask: ShadowAsk | None) -> None:
+        self._asks.pop(t.folder.name, None)
+        if ask is not None:
+            self._asks[t.folder.name] = ask
 
     def _start(self, t: Transfer) -> None:
         self._current = t
@@ -281,6 +309,8 @@ class OtaReceiver:
             "chunks_dropped_bytes": self.chunks.dropped_bytes,
             "chunks_bad": self.chunks.bad_chunks,
             "queued_bytes": self.chunks.queued_bytes,
+            # an offer with shadow: the figures so far (its ota status' detail.shadow)
+            "shadow": self._shadow_detail.get(cur.id) if running and cur is not None else None,
         }
 
     def join(self, timeout_s: float) -> None:
@@ -322,7 +352,14 @@ class OtaReceiver:
                 self.status(t.id, OtaState.UNCHANGED, model=t.ref)
             else:
                 swapping = True  # from here the model manager reports a refusal itself
-                result = self._installer.install_staged(pkg, t.id)
+                ask = self._asks.get(t.folder.name)
+                if ask is None:
+                    result = self._installer.install_staged(pkg, t.id)
+                else:
+                    shadowed = self._installer.shadow_staged(pkg, t.id, ask, self._shadowing(t), self._stop)
+                    if shadowed is None:
+                        return  # stopped while shadowing: a start resumes (and shadows again)
+                    result = {**shadowed, **self._shadow_detail.pop(t.id, {})}  # the verdict's figures
                 self.status(t.id, OtaState.PROBATION, model=t.ref, done=t.total, total=t.total, detail=result)
             self.completed += 1
             shutil.rmtree(t.folder, ignore_errors=True)
@@ -333,7 +370,8 @@ class OtaReceiver:
             logger.error("ota: transfer %s of %s refused: %s", t.id, t.ref, exc)
             # what arrived is kept: the same package offered again resumes
             stalled = exc.code in (Code.STALLED, Code.DOWNLOAD_FAILED)
-            self.status(t.id, OtaState.FAILED if stalled else OtaState.REJECTED, model=t.ref, error=exc)
+            detail = self._shadow_detail.pop(t.id, None)  # a shadow's verdict: its figures
+            self.status(t.id, OtaState.FAILED if stalled else OtaState.REJECTED, model=t.ref, error=exc, detail=detail)
             if not swapping:
                 self._installer.rejected(t.ref, exc, t.id)
             if not stalled:
@@ -342,6 +380,17 @@ class OtaReceiver:
             logger.exception("ota: transfer %s failed", t.id)
             failure = EdgedError(f"{type(exc).__name__}: {exc}", code=Code.FAILED)
             self.status(t.id, OtaState.FAILED, model=t.ref, error=failure)
+
+    def _shadowing(self, t: Transfer) -> Any:
+        """The shadow's progress: ``shadowing`` with the figures so far; the verdict's figures are kept for the
+        status that follows (``probation`` carries them in the install result, ``rejected`` in `detail`)."""
+
+        def progress(state: str, summary: dict[str, Any]) -> None:
+            self._shadow_detail[t.id] = summary
+            if state == "running":
+                self.status(t.id, OtaState.SHADOWING, model=t.ref, done=t.total, total=t.total, detail=summary)
+
+        return progress
 
     def _drop_cancelled(self, t: Transfer) -> None:
         """The cancel command stopped `t`: its files are dropped (nothing resumes it) and ``cancelled`` said."""
