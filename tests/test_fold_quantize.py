@@ -1,7 +1,7 @@
 """`edged quantize --fold`: the preprocessing folded into the float model before it is quantized, so the INT8
 package takes uint8 pixels; calibration and the gate feed the folded graph uint8 rows.
 
-Real: the demo's BlazeFace front (PicoDet in the slow set), the demo video, ONNX Runtime's quantizer, the
+Real: the demo's BlazeFace front, the demo video, ONNX Runtime's quantizer, the
 daemon's preprocessing and decoders. Judged on values and detections: the fold check's numbers against the
 unfolded float model, the folded INT8 model's detections against the unfolded INT8 model's within the gate,
 and the folded INT8 model's graph (its preprocessing in float, the first Q/DQ pair where the unfolded model's
@@ -146,23 +146,6 @@ def test_quantizing_a_folded_package_calibrates_on_uint8_rows(demo: DemoAssets, 
     plain = _quantize(src.root, demo.video, tmp_path / "plain", target="tensorrt").package
     assert plain is not None
     _same_detections(plain, outcome.package, demo, target="tensorrt")
-
-
-@pytest.mark.slow  # PicoDet's calibration is minutes of CPU on this machine (test_quantize.py's slow test)
-def test_quantize_fold_picodet_keeps_the_unfolded_int8_detections(demo: DemoAssets, tmp_path: Path) -> None:
-    src = demo.packages["picodet-layout"]
-    opts = {"calib_frames": 8, "eval_frames": 8}
-    plain = quantize(src.root, demo.documents, demo.documents, tmp_path / "plain", **opts).package  # type: ignore[arg-type]
-    outcome = quantize(src.root, demo.documents, demo.documents, tmp_path / "folded", fold=True, **opts)  # type: ignore[arg-type]
-    assert plain is not None and outcome.package is not None, outcome.report.format()
-    fold = outcome.package.manifest.source["quantize"]["fold"]
-    assert max(fold["max_abs_diff"].values()) <= fold["atol"] + fold["rtol"] * 10
-    frames = read_frames(demo.documents, 8)
-    d = DecodeOptions(score_threshold=0.5)
-    want = run_model(plain.model_path, plain.manifest, frames, d, 1)
-    got = run_model(outcome.package.model_path, outcome.package.manifest, frames, d, 1)
-    report = compare(frames, want, got, Gate())
-    assert report and report.float_detections > 0, report.format()
 
 
 def test_fold_a_bare_onnx_with_its_spec_fp16(demo: DemoAssets, tmp_path: Path) -> None:
