@@ -259,6 +259,7 @@ def test_bad_input_is_named(demo: DemoAssets, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # 150-300 s of CPU-bound calibration; the default run quantizes BlazeFace to int8 (above)
+@pytest.mark.timeout(1500)  # 612 s (over CI's 600) once beside the other worker's 10-daemon rollouts and a demo run
 def test_picodet_int8_passes_its_gate_and_runs_in_the_daemon(
     demo: DemoAssets, tmp_path: Path, broker, subscribe, start_daemon
 ) -> None:
