@@ -136,7 +136,8 @@ class Camera:
         self.cond = cond
         self._stop = stop
         self.bound = FrameBound(cfg.name, cfg.max_frame_pixels)  # its sources refuse (and count) larger frames
-        self._opener = opener or (lambda c: open_source(c, pre.inner_size, stop, self.bound))
+        # a folded package's letterbox copy drops a BGRx frame's fourth byte itself (a Jetson's nvvidconv tail)
+        self._opener = opener or (lambda c: open_source(c, pre.inner_size, stop, self.bound, pre.pixels))
         self.throttle = throttle or Throttle()
         self.throttle.camera_names.add(cfg.name)
         self.rows = [pre.new_row() for _ in range(3)]
@@ -450,7 +451,7 @@ class Camera:
             wall = None
             if self._feed is not None:  # an encoder's frames are the ones offered (at most fps_max), same wall
                 wall = time.time()
-                self._feed.frame(frame, wall)
+                self._feed.frame(_bgr(frame), wall)
             if not self._offer(frame, frame_no, now, source.scaled_from, clock, wall):
                 break
         return "stopped", index > 0
@@ -495,8 +496,11 @@ class Camera:
                 self._segment,
                 self._segment_reason,
             )
+            # A frame from a GStreamer pipeline is a view of its buffer, which goes back to its pool when the
+            # view is gone: the newest one is kept as it is, those kept for crops (up to 3 + TAKEN_KEPT) are
+            # copies, so a pipeline whose pool is small never waits on buffers held here.
             self._last = (frame, src_size)
-            self._raw[idx] = self._last if self.keep_taken else None
+            self._raw[idx] = (frame.copy(), src_size) if self.keep_taken else None
             self._ready = idx
             self.stats.frames += 1
             self.cond.notify_all()
@@ -513,7 +517,13 @@ def _may_tap(cfg: CameraConfig) -> bool:
         return False
 
 
+def _bgr(frame: np.ndarray) -> np.ndarray:
+    """A frame as its readers outside preprocessing take it: BGR (a BGRx frame's fourth byte dropped, in a copy)."""
+    return np.ascontiguousarray(frame[:, :, :3]) if frame.ndim == 3 and frame.shape[2] == 4 else frame
+
+
 def _at_source_size(frame: np.ndarray, src: tuple[int, int] | None) -> np.ndarray:
+    frame = _bgr(frame)
     return frame if src is None else cv2.resize(frame, src, interpolation=cv2.INTER_LINEAR)
 
 

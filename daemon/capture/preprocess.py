@@ -7,7 +7,10 @@ intermediate buffer is allocated once per camera (per source size) and reused.
 
 A model that takes the pixels as they come (uint8, BGR, NHWC: a package whose preprocessing is folded
 into its graph, models/fold.py) gets them resized straight into its row and the border painted around
-them: one pass over the frame, no canvas, no colour or float pass.
+them: one pass over the frame, no canvas, no colour or float pass. A 4-byte BGRx frame (a Jetson pipeline
+that ends at nvvidconv's BGRx, without videoconvert) loses its fourth byte inside that pass: a strided
+view of its first three bytes is what is copied into the row (resized first, at the model's size, where
+the pipeline did not scale it).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class Preprocessor:
         self._color = np.empty((spec.height, spec.width, c), np.uint8)
         self._float = np.empty((spec.height, spec.width, c), np.float32)
         self._resized = np.empty((0, 0, c), np.uint8)
+        self._resized4 = np.empty((0, 0, 4), np.uint8)  # a BGRx frame resized, before its fourth byte is dropped
         std = np.asarray(spec.std, np.float64)
         self._mul = (*(spec.scale / std).tolist(), 0.0)  # cv2 scalars: 4 components, one per channel
         self._add = (*(-np.asarray(spec.mean, np.float64) / std).tolist(), 0.0)
@@ -97,11 +101,13 @@ class Preprocessor:
         return self._geometry(w, h)[1][2]
 
     def run(self, frame: np.ndarray, out: np.ndarray, src_size: tuple[int, int] | None = None) -> Transform:
-        """Preprocess a BGR (or grey) frame into `out` (shape `row_shape`); return the transform.
+        """Preprocess a BGR (or grey, or BGRx) frame into `out` (shape `row_shape`); return the transform.
         `src_size`: the frame was already scaled (by a capture pipeline) from a source of this
         (width, height) to `inner_size`; the transform maps boxes back to that source."""
         if frame.ndim == 2:
             frame = cv2.cvtColor(frame, cv2.COLOR_GRAY2BGR)
+        elif frame.shape[2] == 4 and not self.pixels:  # BGRx into a float row: the fourth byte dropped first
+            frame = cv2.cvtColor(frame, cv2.COLOR_BGRA2BGR)
         h, w = frame.shape[:2]
         t, (ys, xs, size) = self._geometry(*(src_size or (w, h)))
         if src_size is not None and (w, h) != size:
@@ -142,9 +148,18 @@ class Preprocessor:
 
     def _letterbox(self, frame: np.ndarray, out: np.ndarray, ys: slice, xs: slice, size: tuple[int, int]) -> None:
         """The frame resized straight into the row's inner rectangle (OpenCV writes through a strided view),
-        the border around it painted with the pad value."""
+        the border around it painted with the pad value. A BGRx frame: its first three bytes (a strided view)
+        are what is copied, after a resize at the model's size where it is not that size yet (OpenCV cannot
+        read a 3-of-4-bytes view, and the 4-byte resize gives the same values per channel)."""
         inner = out[ys, xs]
-        if frame.shape[1::-1] == size:
+        if frame.shape[2] == 4:
+            if frame.shape[1::-1] != size:
+                if self._resized4.shape[:2] != (size[1], size[0]):
+                    self._resized4 = np.empty((size[1], size[0], 4), np.uint8)
+                cv2.resize(frame, size, dst=self._resized4, interpolation=cv2.INTER_LINEAR)
+                frame = self._resized4
+            np.copyto(inner, frame[:, :, :3])
+        elif frame.shape[1::-1] == size:
             np.copyto(inner, frame)
         elif cv2.resize(frame, size, dst=inner, interpolation=cv2.INTER_LINEAR) is not inner:
             raise RuntimeError("cv2.resize did not write into the row it was given")  # an OpenCV that copies

@@ -121,13 +121,15 @@ def open_source(
     spec_size: Callable[[int, int], tuple[int, int]] | None = None,
     stop: threading.Event | None = None,
     bound: FrameBound | None = None,
+    bgrx: bool = False,
 ) -> Source:
     """Open the camera's URI by its source type's row (``registry``): the GStreamer path where the row
     has a pipeline and ``gst.use_gstreamer`` says so, else the row's opener. Raises CaptureError with the
     reason when it cannot be opened; messages name the camera by its display form (`cam.display`: no
     credentials). `spec_size`: the size a source of (w, h) is scaled to for the model, for the GStreamer
     path to scale in the pipeline. `bound`: the camera's max_frame_pixels, which counts what it refuses (by
-    default, one of its own)."""
+    default, one of its own). `bgrx`: the reader takes 4-byte BGRx frames, so a Jetson pipeline may end at
+    nvvidconv's BGRx (a folded package's camera: ``Preprocessor.pixels``)."""
     row = source_type(cam.uri)
     bound = bound if bound is not None else FrameBound(cam.name, cam.max_frame_pixels)
     if row.before_open is not None:  # said the same whichever path opens it (a missing file)
@@ -144,6 +146,7 @@ def open_source(
             stop,
             Tls(cam.tls_ca_file, cam.tls_verify),
             bound,
+            bgrx,
         )
     # network sources get the URI with password_file's password, read here at each open
     opener = row.open if callable(row.open) else globals()[row.open]  # the first types' openers are here
@@ -245,7 +248,8 @@ def tls_warnings(cam: CameraConfig) -> list[str]:
 
 
 def _scale_in_pipeline(cam: CameraConfig) -> bool:
-    """As configured; by default only where the pipeline scales in hardware (nvvidconv on a Jetson):
-    in software (videoscale) it measured no cheaper than cv2.resize here, scales in YUV (slightly
-    different boxes) and leaves snapshots at the model's size."""
+    """As configured; by default only where the pipeline scales in hardware (nvvidconv on a Jetson). In
+    software (videoscale, before videoconvert) it costs less CPU in all (videoconvert then converts the small
+    frame: bench/pipeline_copies.py), but it scales in YUV (slightly different pixels, so boxes, than
+    cv2.resize's) and leaves snapshots at the model's size: a choice the camera's config makes."""
     return cam.scale_in_pipeline if cam.scale_in_pipeline is not None else gst.has_element("nvvidconv")

@@ -5,6 +5,7 @@ the hardware decoder and scaler); otherwise a camera opens through ``capture/sou
 each URI becomes is planned in ``capture/uri.py``, without importing GStreamer.
 
     pipeline.py     the pipeline and its appsink: built, started, read, watched on the bus, torn down
+    mapping.py      a buffer's memory seen by NumPy without PyGObject's copy (gst_buffer_map through ctypes)
     why.py          why a source failed, in one line (bus errors, refused connections, certificates),
                     credentials scrubbed; no GStreamer import
     tap.py          a recording camera's own H.264/H.265 packets, copied after decodebin's parser into its

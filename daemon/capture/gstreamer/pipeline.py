@@ -5,7 +5,9 @@ decoder and no hardware scaler, and every full-size frame crosses into Python be
 Here ``decodebin`` picks the decoder by rank (``nvv4l2decoder`` is ranked first where it exists),
 the frame is scaled to the model's input inside the pipeline (``nvvidconv`` on Jetson, ``videoscale``
 elsewhere) once the source's caps say its size, and Python receives model-sized BGR frames together
-with the source size the boxes map back to.
+with the source size the boxes map back to. A frame is a read-only view of the buffer GStreamer wrote it
+into (``mapping.py``), not a copy; for a folded package's camera a Jetson pipeline ends at nvvidconv's BGRx
+(``bgrx_tail``) and the letterbox copy into the model's input drops the fourth byte.
 
 Latest frame wins: a live source's appsink keeps one buffer and drops older ones; a file's keeps one
 and makes the decoder wait (no frame of a file is lost). A read waits at most ``stall_timeout_s``;
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import importlib
 import logging
 import threading
@@ -42,7 +45,8 @@ from ..framebound import FrameBound
 from ..netcam import tls_refusal
 from ..redact import scrub
 from ..registry import GST_SCHEMES, plan  # GST_SCHEMES: the rows with a plan, what the GStreamer path opens
-from ..uri import Plan
+from ..uri import TO_BGR, Plan
+from .mapping import Mapped, buffer_pointer, libgst
 from .tap import PARSERS, ParsedTap, RawTap
 from .why import Tls, connect_reason, describe_certificate_errors, explain
 
@@ -192,6 +196,16 @@ def have() -> set[str]:
     return {e for e in OPTIONAL if has_element(e)}
 
 
+def bgrx_tail(p: Plan) -> Plan:
+    """A Jetson plan (nvvidconv: the VIC cannot write packed 3-byte BGR) that ends at nvvidconv's BGRx instead
+    of passing through videoconvert, a CPU pass over every frame to drop the fourth byte: for a reader that
+    drops it itself (a folded package's letterbox copy, ``Preprocessor``). Other plans are returned as they are."""
+    bgr = f"format=BGRx ! {TO_BGR}"
+    if not p.nvmm or bgr not in p.description:
+        return p
+    return dataclasses.replace(p, description=p.description.replace(bgr, "format=BGRx ! appsink name=sink"))
+
+
 def parse_check(description: str, shown: str) -> None:
     """Raise CaptureError when a pipeline does not parse (an unknown element, a bad property)."""
     gst, glib, why = _load()
@@ -207,7 +221,11 @@ def parse_check(description: str, shown: str) -> None:
 class GstSource:
     """One running pipeline. `read` gives the next BGR frame (model-sized when scaled in the pipeline;
     `scaled_from` is then the source's (width, height)), None at a file's end or after a read that
-    waited `timeout_s` for nothing (a stall); raises CaptureError when the pipeline failed."""
+    waited `timeout_s` for nothing (a stall); raises CaptureError when the pipeline failed.
+
+    A frame is a read-only view of the buffer GStreamer decoded or scaled into (`mapping.py`), not a copy;
+    `bgrx`: a 4-byte format (BGRx, BGRA) is handed over as it is, [h, w, 4], for a reader that drops the
+    fourth byte in its own copy (else it is dropped here, in a copy)."""
 
     def __init__(
         self,
@@ -218,10 +236,13 @@ class GstSource:
         shown: str = "",
         tls: Tls | None = None,
         bound: FrameBound | None = None,
+        bgrx: bool = False,
     ) -> None:
         gst, glib, why = _load()
         if gst is None:
             raise CaptureError(why)
+        self._bgrx = bgrx
+        self._lib = libgst()  # None: frames are copied out of their buffers (PyGObject's map)
         self._gst, self._timeout_s, self._stop, self._shown = gst, timeout_s, stop or threading.Event(), shown
         self.fps = 0.0
         self.scaled_from: tuple[int, int] | None = None
@@ -494,28 +515,39 @@ class GstSource:
                 f"{self._shown}: appsink format {fmt}: end the pipeline with videoconvert ! video/x-raw,format=BGR"
             )
         buf = sample.get_buffer()
-        ok, info = buf.map(self._gst.MapFlags.READ)
-        if not ok:
-            raise CaptureError(f"{self._shown}: cannot map a buffer")
-        try:
-            raw = info.data
-            data = np.frombuffer(raw, np.uint8)
-            stride = len(data) // h
-            rows = data[: stride * h].reshape(h, stride)[:, : w * ch]
-            view = rows.reshape(h, w, ch) if ch > 1 else rows.reshape(h, w)
-            # PyGObject hands the mapped bytes over as a copy (`bytes`): a read-only view of it is the frame, one
-            # copy fewer per frame (bench/pipeline_cpu.py, capture). gst-python's override gives a memoryview of
-            # the mapping instead, which dies with `unmap`: that one is copied.
-            frame = view if isinstance(raw, bytes) else np.array(view, copy=True)
-        finally:
-            buf.unmap(info)
+        ptr = buffer_pointer(buf) if self._lib is not None else None
+        if ptr is not None:
+            frame = self._view(np.asarray(Mapped(self._lib, buf, ptr)), w, h, ch)
+        else:
+            ok, info = buf.map(self._gst.MapFlags.READ)
+            if not ok:
+                raise CaptureError(f"{self._shown}: cannot map a buffer")
+            try:
+                raw = info.data
+                view = self._view(np.frombuffer(raw, np.uint8), w, h, ch)
+                # PyGObject hands the mapped bytes over as a copy (`bytes`): a read-only view of it is the frame.
+                # gst-python's override gives a memoryview of the mapping instead, which dies with `unmap`:
+                # that one is copied.
+                frame = view if isinstance(raw, bytes) else np.array(view, copy=True)
+            finally:
+                buf.unmap(info)
         if fmt.startswith("RGB"):
             frame = np.ascontiguousarray(frame[:, :, [2, 1, 0]])
-        elif ch == 4:
+        elif ch == 4 and not self._bgrx:
             frame = np.ascontiguousarray(frame[:, :, :3])
-        src = self._size_of(buf)
-        self.scaled_from = src if self._target_size is not None and src is not None and src != (w, h) else None
+        if self._target_size is None:
+            self.scaled_from = None
+        else:
+            src = self._size_of(buf)
+            self.scaled_from = src if src is not None and src != (w, h) else None
         return frame
+
+    @staticmethod
+    def _view(data: np.ndarray, w: int, h: int, ch: int) -> np.ndarray:
+        """A buffer's bytes as an image: rows `len / h` bytes apart (padded rows keep their padding out)."""
+        stride = len(data) // h
+        rows = data[: stride * h].reshape(h, stride)[:, : w * ch]
+        return rows.reshape(h, w, ch) if ch > 1 else rows.reshape(h, w)
 
     def read(self) -> np.ndarray | None:
         if self.pipeline is None:
@@ -569,10 +601,15 @@ def open_gst(
     stop: threading.Event | None = None,
     tls: Tls | None = None,
     bound: FrameBound | None = None,
+    bgrx: bool = False,
 ) -> GstSource:
+    """`bgrx`: the reader takes 4-byte BGRx frames (and drops the fourth byte itself): a Jetson pipeline then
+    ends at nvvidconv's BGRx, without videoconvert (`bgrx_tail`)."""
     p = plan(uri, have(), latency_ms, transport, timeout_s)
+    if bgrx:
+        p = bgrx_tail(p)
     try:
-        return GstSource(p, timeout_s, target_size if p.scalable else None, stop, shown, tls, bound)
+        return GstSource(p, timeout_s, target_size if p.scalable else None, stop, shown, tls, bound, bgrx)
     except CaptureError as exc:
         if uri.startswith("rtsp") and "Failed to connect" in str(exc):
             why = connect_reason(uri, timeout_s)
