@@ -22,7 +22,6 @@ hits both alike as far as it can. The machine, and whatever else ran on it, is p
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import itertools
 import json
@@ -31,25 +30,15 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
 import yaml
+from common_rig import MODEL, REPO, PackageRig, parser, write_results
 from paho.mqtt.enums import CallbackAPIVersion
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from edged.models.demo import default_dir, fetch_demo  # noqa: E402
-from edged.models.package import pack_tar, write_package  # noqa: E402
-from edged.models.signing import generate_key, load_signing_key  # noqa: E402
-from tests.conftest import Broker  # noqa: E402
-
-MODEL = "blazeface-back"
 DEVICE = "bench-01"
 LATENCY_FPS = 5.0  # each camera's rate in the latency windows: well under what the loaded machine serves
 REPORT_EVERY_S = 5.0  # about how often a device publishes its running report (protocol/shadow.py's device)
@@ -131,9 +120,10 @@ def figures(window: list[tuple[float, float, dict[str, Any]]], seconds: float) -
 
 
 def run_once(
-    work: Path, broker: Broker, demo: Any, package: Any, mode: str, seconds: float, rep: int
+    rig: PackageRig, mode: str, seconds: float, rep: int
 ) -> tuple[dict[str, float], dict[str, float], dict[str, Any]]:
     """One daemon: a window without shadow, then one while it shadows. (without, with, the report then)."""
+    work, broker, demo = rig.work, rig.broker, rig.demo
     state = work / f"state-{mode}-{rep}"
     fast = mode == "throughput"
     cams = [
@@ -150,18 +140,14 @@ def run_once(
         "device_id": DEVICE,
         "state_dir": str(state),
         "mqtt": {"host": "127.0.0.1", "port": broker.port},
-        "model": {"name": MODEL, "keys_dir": str(work / "trusted"), "onnxruntime": {"threads": 1}, "probation_s": 3600},
+        "model": {"name": MODEL, "keys_dir": str(rig.trusted), "onnxruntime": {"threads": 1}, "probation_s": 3600},
         "cameras": cams,
         "telemetry": {"interval_s": 10},
     }
     cfg_path = work / f"{mode}-{rep}.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     run = [sys.executable, "-m", "edged"]
-    r = subprocess.run(
-        [*run, "model", "install", str(package(1)), "-c", str(cfg_path)], capture_output=True, text=True, cwd=REPO
-    )
-    if r.returncode != 0:
-        raise SystemExit(r.stderr)
+    rig.install(1, cfg_path)
     rec = Recorder(broker.port)
     log = open(work / f"daemon-{mode}-{rep}.log", "wb")  # noqa: SIM115
     daemon = subprocess.Popen([*run, "run", "-c", str(cfg_path)], stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
@@ -180,7 +166,7 @@ def run_once(
             [
                 *run,
                 "push",
-                str(package(2)),
+                str(rig.package(2)),
                 "--device",
                 DEVICE,
                 "--port",
@@ -222,30 +208,10 @@ def run_once(
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "shadow.json")
     ap.add_argument("--seconds", type=float, default=20.0, help="each window")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "shadow.json")
     args = ap.parse_args()
-    demo = fetch_demo(default_dir())
-    src = demo.packages[MODEL]
-    work = Path(tempfile.mkdtemp(prefix="edged-bench-shadow-"))
-    broker = Broker(work)
-    broker.start()
-    key_path, pub = generate_key(work / "keys")
-    (work / "trusted").mkdir()
-    (work / "trusted" / pub.name).write_text(pub.read_text())
-    key = load_signing_key(key_path)
-    fields = src.manifest.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
-    files = {"model.onnx": src.model_path, "labels.txt": src.root / "labels.txt"}
-    made: dict[int, Path] = {}
-
-    def package(version: int) -> Path:
-        if version not in made:
-            pkg = write_package(work / f"pkg-{version}", {**fields, "version": version}, files)
-            made[version] = pack_tar(pkg, work / f"v{version}.tar", key.sign(pkg.manifest_bytes))
-        return made[version]
-
+    rig = PackageRig("edged-bench-shadow-")
     load = os.getloadavg()
     out: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average {load[0]:.1f} at the start",
@@ -258,7 +224,7 @@ def main() -> int:
         for mode in ("throughput", "latency"):
             rows = []
             for rep in range(args.repeats):
-                without, with_shadow, report = run_once(work, broker, demo, package, mode, args.seconds, rep)
+                without, with_shadow, report = run_once(rig, mode, args.seconds, rep)
                 rows.append((without, with_shadow))
                 totals = report.get("totals", {})
                 print(
@@ -287,11 +253,9 @@ def main() -> int:
             )
             out[mode] = med
     finally:
-        broker.stop()
+        rig.close()
     out["load_average_end"] = round(os.getloadavg()[0], 1)
-    print(json.dumps(out, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_results(out, args.out)
     return 0
 
 

@@ -20,7 +20,6 @@ ceiling     the same bytes in the same chunk size published by one paho client t
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import itertools
 import json
@@ -29,7 +28,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,17 +35,8 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import yaml
+from common_rig import MODEL, REPO, PackageRig, parser, write_results
 from paho.mqtt.enums import CallbackAPIVersion
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from edged.models.demo import default_dir, fetch_demo  # noqa: E402
-from edged.models.package import pack_tar, write_package  # noqa: E402
-from edged.models.signing import generate_key, load_signing_key  # noqa: E402
-from tests.conftest import Broker  # noqa: E402
-
-MODEL = "blazeface-back"
 
 
 class Recorder:
@@ -187,48 +176,25 @@ def ceiling(port: int, total: int, chunk: int) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "swap.json")
     ap.add_argument("--swaps", type=int, default=7)
     ap.add_argument("--mb", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--fps", type=float, default=15.0, help="the camera's fps_max (the demo video's rate: 15)")
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "swap.json")
     args = ap.parse_args()
-    demo = fetch_demo(default_dir())
-    src = demo.packages[MODEL]
-    work = Path(tempfile.mkdtemp(prefix="edged-bench-swap-"))
-    broker = Broker(work)
-    broker.start()
-    key_path, pub = generate_key(work / "keys")
-    (work / "trusted").mkdir()
-    (work / "trusted" / pub.name).write_text(pub.read_text())
-    key = load_signing_key(key_path)
-    fields = src.manifest.model_dump(by_alias=True, exclude={"files"}, exclude_none=True)
-    base_files = {"model.onnx": src.model_path, "labels.txt": src.root / "labels.txt"}
-
-    def package(version: int, extra: dict[str, Path] | None = None) -> Path:
-        pkg = write_package(work / f"pkg-{version}", {**fields, "version": version}, {**base_files, **(extra or {})})
-        return pack_tar(pkg, work / f"v{version}.tar", key.sign(pkg.manifest_bytes))
-
+    rig = PackageRig("edged-bench-swap-")
+    work, broker, demo, package = rig.work, rig.broker, rig.demo, rig.package
     cfg = {
         "device_id": "bench-01",
         "state_dir": str(work / "state"),
         "mqtt": {"host": "127.0.0.1", "port": broker.port},
-        "model": {"name": MODEL, "keys_dir": str(work / "trusted"), "onnxruntime": {"threads": 1}},
+        "model": {"name": MODEL, "keys_dir": str(rig.trusted), "onnxruntime": {"threads": 1}},
         "cameras": [{"name": "lobby", "uri": f"file://{demo.video}", "loop": True, "fps_max": args.fps}],
         "inference": {"max_wait_ms": 5},
         "telemetry": {"interval_s": 10},
     }
     cfg_path = work / "bench.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    r = subprocess.run(
-        [sys.executable, "-m", "edged", "model", "install", str(package(1)), "-c", str(cfg_path)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    if r.returncode != 0:
-        raise SystemExit(r.stderr)
+    rig.install(1, cfg_path)
     rec = Recorder(broker.port, "edged/bench-01/#")
     log = open(work / "daemon.log", "wb")  # noqa: SIM115
     daemon = subprocess.Popen(
@@ -280,7 +246,7 @@ def main() -> int:
         if daemon.poll() is None:
             daemon.terminate()
             daemon.wait(30)
-        broker.stop()
+        rig.close()
     out = {
         "swaps": args.swaps,
         "gap_intervals": [round(g, 2) for g in gaps],
@@ -298,9 +264,7 @@ def main() -> int:
         "ota_mib": args.mb,
         "fps": args.fps,
     }
-    print(json.dumps(out, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_results(out, args.out)
     return 0
 
 

@@ -1,19 +1,17 @@
 """``edged clips -d DEVICE``: a device's stored clips, asked over MQTT with the ``clips`` command (the device's
 clip store, daemon/record/store.py), one line each; ``--fetch ID --http URL`` downloads one from the device's
 local HTTP server and checks it against its SHA-256. Replies come to a response topic under the device's own
-``…/reply/`` with correlation data, as ``edged diagnose``'s do. Nothing of the device runtime is loaded."""
+``…/reply/`` with correlation data, through the asker ``edged diagnose`` uses (cli/ask.py). Nothing of the
+device runtime is loaded."""
 
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
-import queue
 import sys
-import time
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -79,70 +77,12 @@ def _clips(args: argparse.Namespace) -> int:
 
 def ask(cfg: Any, device: str, asked: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """The device's reply result to ``clips`` with `asked`: {"clips": [...], "more", "stored"}."""
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
-    from paho.mqtt.reasoncodes import ReasonCode
-
-    from edged.errors import CommandError, PublishError
-    from edged.protocol import topics
-    from edged.protocol.client import make_client
     from edged.protocol.commands import CLIPS_VERB
 
-    root = topics.device_root(cfg.topic_prefix, device)
-    reply_topic = f"{root}/reply/clips-{uuid.uuid4().hex[:12]}"
-    inbox: queue.Queue[tuple[bytes, bytes]] = queue.Queue()
-    subscribed: queue.Queue[list[ReasonCode]] = queue.Queue()
-    client = make_client(cfg, f"edged-clips-{uuid.uuid4().hex[:10]}")
+    from .ask import Asker
 
-    def on_connect(c: mqtt.Client, u: Any, f: Any, rc: ReasonCode, p: Properties | None) -> None:
-        if not rc.is_failure:
-            c.subscribe(reply_topic, qos=1)
-
-    client.on_connect = on_connect
-    client.on_subscribe = lambda c, u, mid, codes, p: subscribed.put(codes)
-    client.on_message = lambda c, u, msg: inbox.put(
-        (bytes(getattr(msg.properties, "CorrelationData", b"") or b""), bytes(msg.payload))
-    )
-    try:
-        client.connect(cfg.host, cfg.port, keepalive=30)
-    except OSError as exc:
-        raise PublishError(f"cannot reach the broker at {cfg.host}:{cfg.port}: {exc}") from exc
-    client.loop_start()
-    try:
-        try:
-            codes = subscribed.get(timeout=timeout_s)
-        except queue.Empty:
-            raise PublishError(f"the broker at {cfg.host}:{cfg.port} did not take our subscription") from None
-        if any(c.is_failure for c in codes):
-            raise PublishError(f"the broker refused our subscription to {reply_topic}: check its ACL for this user")
-        corr = uuid.uuid4().hex.encode()
-        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-        props.ResponseTopic = reply_topic
-        props.CorrelationData = corr
-        props.MessageExpiryInterval = max(1, int(timeout_s))
-        client.publish(topics.command(root, CLIPS_VERB), json.dumps(asked).encode(), qos=1, properties=props)
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            try:
-                got, payload = inbox.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if got != corr:
-                continue
-            doc = json.loads(payload)
-            if not doc.get("ok"):
-                err = doc.get("error") or {}
-                raise CommandError(str(err.get("code", "failed")), f"{device}: clips: {err.get('message')}")
-            result: dict[str, Any] = doc["result"]
-            return result
-        raise PublishError(
-            f"{device}: no reply to clips in {timeout_s:g} s (is it online? `edged fleet` says; is this the "
-            "backend's identity? the shipped ACL lets only the backend send commands)"
-        )
-    finally:
-        client.disconnect()
-        client.loop_stop()
+    with Asker(cfg, device, "clips", timeout_s) as asker:
+        return asker.ask(CLIPS_VERB, asked)
 
 
 def fetch(url: str, out: Path, sha256: str, token: str | None, timeout_s: float) -> None:

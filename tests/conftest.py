@@ -26,6 +26,7 @@ from edged.models.demo import DemoAssets, default_dir, fetch_demo
 from edged.models.signing import SigningKey, generate_key, load_signing_key
 
 REPO = Path(__file__).resolve().parent.parent
+pytest_plugins = ["tests.nginx_dav"]  # the `dav` fixture: a real WebDAV nginx of the test's own
 
 
 def free_port() -> int:
@@ -359,3 +360,15 @@ def build_bundle(target: str, keys: Path, model_tar: Path, key: Path, out: Path)
     )
     assert r.returncode == 0, r.stderr[-2000:]
     return next(out.glob(f"edged-bundle-*-{target}.tar"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `start_early(seconds)` (minutes each in CI) run first, the longest first, then the rest in
+    collection order: pytest-xdist hands tests out in this order, so its two workers start the long ones
+    side by side instead of one of them running a long test alone at the end of the run."""
+
+    def seconds(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("start_early")
+        return float(mark.args[0]) if mark is not None else 0.0
+
+    items.sort(key=lambda item: -seconds(item))  # stable: the rest keep their order

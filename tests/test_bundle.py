@@ -318,6 +318,7 @@ def test_install_root_refuses_jetpack5(jetson_bundle: tuple[Path, Path], tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.start_early(200)  # 62-309 s in CI
 @pytest.mark.skipif(os.geteuid() != 0, reason="debootstrap, overlay mounts and chroot need root")
 def test_jetson_bundle_in_a_jetpack_layout_rootfs(tmp_path: Path) -> None:
     """The jetson-jp6 recipe installed into Ubuntu 22.04 with JetPack's Python layout (python3-numpy 1.21

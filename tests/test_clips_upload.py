@@ -35,14 +35,6 @@ def packets() -> tuple[str, list[Packet]]:
     return caps, [Packet(T0 + pts / 1e9, pts, dur, key, data) for pts, dur, key, data in units]
 
 
-@pytest.fixture
-def dav(tmp_path: Path) -> Iterator[DavServer]:
-    server = DavServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
-
-
 class Site:
     """A ring full of packets, a store on the test's clock, an uploader to `url` and a planner over them."""
 

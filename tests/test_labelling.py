@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -223,14 +222,6 @@ def test_near_threshold_and_the_store_thread(tmp_path: Path, frames: list[Frame]
     check_coco(doc)
     assert doc["images"][0]["edged"]["reason"] == "near_threshold"
     assert {a["attributes"]["model"] for a in doc["annotations"]} == {"serving"}
-
-
-@pytest.fixture
-def dav(tmp_path: Path) -> Iterator[DavServer]:
-    server = DavServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_labelling_uploads_its_jpegs_and_coco_file_across_an_nginx_restart(

@@ -7,8 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -23,94 +21,31 @@ from edged.errors import Code, EdgedError
 from edged.models.demo import DemoAssets
 from edged.models.signing import SigningKey
 from tests.conftest import Broker, edged_cli, free_port, wait_until, write_config
+from tests.nginx_dav import NginxServer
 from tests.test_ota import MODEL, build, device_doc, install, push, start_push, wait_results
 
-NGINX = Path("/usr/sbin/nginx")
 LOG_FORMAT = '$status $request_method $uri "$http_range" $body_bytes_sent'
 
 
-class Nginx:
+class Nginx(NginxServer):
     """nginx serving `root` on 127.0.0.1 (TLS with `tls` = (cert, key)), at `limit_rate` per request; its
     access log has one `Request` per line."""
 
     def __init__(self, workdir: Path, root: Path, limit_rate: str = "0", tls: tuple[Path, Path] | None = None):
-        if not NGINX.exists():
-            pytest.fail("nginx is not installed (apt-get install nginx-light); scripts/setup.sh installs it")
-        self.port = free_port()
-        self.prefix = workdir / f"nginx-{self.port}"
-        self.prefix.mkdir(parents=True)
+        super().__init__(workdir, "nginx", tls)
         self.root = root
-        scheme = "https" if tls else "http"
-        self.url = f"{scheme}://127.0.0.1:{self.port}"
-        ssl = f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};" if tls else ""
-        kinds = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-        temp = " ".join(f"{k}_temp_path {self.prefix}/{k};" for k in kinds)
-        conf = f"""
-daemon off;
-worker_processes 1;
-pid {self.prefix}/nginx.pid;
-error_log {self.prefix}/error.log info;
-{"user root;" if os.geteuid() == 0 else ""}
-events {{ worker_connections 64; }}
-http {{
-    log_format r '{LOG_FORMAT}';
-    access_log {self.prefix}/access.log r;
-    default_type application/octet-stream;
-    {temp}
-    server {{
-        listen 127.0.0.1:{self.port}{" ssl" if tls else ""};
-        {ssl}
-        root {root};
-        limit_rate {limit_rate};
+        locations = f"""
         location /broken/ {{ return 503; }}
-        location /moved/ {{ return 302 http://127.0.0.1:{self.port}/sha256/x; }}
-    }}
-}}
-"""
-        self.conf = self.prefix / "nginx.conf"
-        self.conf.write_text(conf)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        cmd = [str(NGINX), "-p", str(self.prefix), "-c", str(self.conf), "-e", str(self.prefix / "error.log")]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(self._up, 10, f"nginx on port {self.port}")
-        assert self.proc.poll() is None, (self.prefix / "error.log").read_text()[-2000:]
-
-    def _up(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            return True
-        return "start worker process" in _read(self.prefix / "error.log") and _connects(self.port)
-
-    def stop(self) -> None:
-        """A fast shutdown (SIGTERM): connections are cut, as a crash or a restart of the host would."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(10)
-        self.proc = None
-        (self.prefix / "error.log").write_text("")  # the next start() waits on its own "start worker process"
+        location /moved/ {{ return 302 http://127.0.0.1:{self.port}/sha256/x; }}"""
+        self.configure(LOG_FORMAT, root, limit_rate, locations)
 
     def requests(self) -> list[tuple[int, str, str, str, int]]:
         """(status, method, uri, range header, body bytes sent) per logged request."""
         out = []
-        for line in _read(self.prefix / "access.log").splitlines():
+        for line in self.log_lines():
             status, method, uri, rng, sent = line.split(" ")
             out.append((int(status), method, uri, rng.strip('"'), int(sent)))
         return out
-
-
-def _read(path: Path) -> str:
-    return path.read_text() if path.exists() else ""
-
-
-def _connects(port: int) -> bool:
-    import socket
-
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.fixture

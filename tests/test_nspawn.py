@@ -28,6 +28,7 @@ from tests.nspawn import from_zero
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="booting a container with systemd-nspawn needs root")
 
 
+@pytest.mark.start_early(131)
 def test_bundle_under_a_real_systemd(demo: DemoAssets, tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     key_path, _ = generate_key(keys)
@@ -97,6 +98,7 @@ def test_bundle_under_a_real_systemd(demo: DemoAssets, tmp_path: Path) -> None:
     assert any("the broker refuses the revoked device" in line for line in passed), "no PASS: a revoked device"
 
 
+@pytest.mark.start_early(190)
 @pytest.mark.slow  # its own boot (~2 min); the short form in the default set: tests/test_health.py
 def test_a_daemon_serving_nothing_is_restarted_under_a_real_systemd(demo: DemoAssets, tmp_path: Path) -> None:
     """Issue 26 item 3 under a real systemd (tests/nspawn/liveness.sh): the only camera (an MJPEG server)

@@ -14,6 +14,8 @@ import sys
 import tarfile
 import threading
 import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,12 @@ def device_doc(broker: Broker, demo: DemoAssets, tmp: Path, device: str, **model
 def install(cfg: Path, tar: Path) -> None:
     r = edged_cli("model", "install", str(tar), "-c", str(cfg))
     assert r.returncode == 0, r.stderr
+
+
+def install_all(cfgs: Iterable[Path], tar: Path) -> None:
+    """`install` into each device's store, four at a time: each is a second of `edged model install` start-up."""
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda cfg: install(cfg, tar), cfgs))
 
 
 def push(broker: Broker, tar: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -369,20 +377,24 @@ def test_reload_serves_a_version_installed_from_a_file(
     assert d.stop() == 0
 
 
-@pytest.mark.parametrize("n", [4, pytest.param(10, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n", [4, pytest.param(10, marks=[pytest.mark.slow, pytest.mark.start_early(175)])])
 def test_fleet_push_to_n_daemons_and_a_canary_that_rolls_back(
     n: int, demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe, start_daemon
 ) -> None:
     """A group of n daemons (4 in the default run: two canaries and two more; 10 in the slow one)."""
+    from tests.fleet import FPS_MAX, fleet_video  # tests.fleet imports this module
+
     ids = [f"dev-{i:02d}" for i in range(n)]
+    video = fleet_video(demo, tmp_path)
     cfgs = {}
     for dev in ids:
-        # 10 daemons share 2 cores here: batch times swing 1.6x under load, so the regression bar is 3x
+        # 10 daemons share 2 cores here: batch times swing 1.6x under load, so the regression bar is 3x; the demo
+        # video at 2 frames/s (tests/fleet.py: about half a daemon's CPU at 5) is enough for a probation of 10 batches
         doc = device_doc(broker, demo, tmp_path, dev, probation_s=4, probation_batches=10, probation_latency_ratio=3)
-        doc["cameras"][0]["fps_max"] = 5
+        doc["cameras"][0].update(uri=f"file://{video}", fps_max=FPS_MAX)
         doc["groups"] = ["fleet"]
         cfgs[dev] = write_config(tmp_path / f"{dev}.yaml", doc)
-        install(cfgs[dev], build(demo, tmp_path, signer, 1))
+    install_all(cfgs.values(), build(demo, tmp_path, signer, 1))
     sub = subscribe(broker, "edged/+/model/state")
     daemons = [start_daemon(cfgs[dev]) for dev in ids]
     for d in daemons:

@@ -96,6 +96,7 @@ def test_frames_from_a_folder_with_ground_truth(tmp_path: Path, demo: DemoAssets
         read_frames(tmp_path / "empty")
 
 
+@pytest.mark.start_early(130)
 def test_blazeface_int8_keeps_recall_on_the_demo_ground_truth(
     demo: DemoAssets, tmp_path: Path, broker, subscribe, start_daemon
 ) -> None:
@@ -259,6 +260,7 @@ def test_bad_input_is_named(demo: DemoAssets, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # 150-300 s of CPU-bound calibration; the default run quantizes BlazeFace to int8 (above)
+@pytest.mark.start_early(500)  # three calibrations (the search keeps the stem in float), 446-613 s in CI
 @pytest.mark.timeout(1500)  # 612 s (over CI's 600) once beside the other worker's 10-daemon rollouts and a demo run
 def test_picodet_int8_passes_its_gate_and_runs_in_the_daemon(
     demo: DemoAssets, tmp_path: Path, broker, subscribe, start_daemon

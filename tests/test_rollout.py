@@ -5,10 +5,8 @@ rest. Real mosquitto, real daemons on the demo model, the real `edged push` CLI 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,21 +18,19 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edged.deploy.rollout import allowed_failures, parse_waves, plan_waves
 from edged.models.demo import DemoAssets
 from edged.models.signing import SigningKey
-from tests.conftest import (
-    REPO,
-    Broker,
-    DaemonProc,
-    Message,
-    Subscriber,
-    cpu_seconds,
-    edged_cli,
-    free_port,
-    wait_progress,
-    wait_until,
-    write_config,
+from tests.conftest import REPO, Broker, DaemonProc, Message, Subscriber, edged_cli, free_port, wait_until, write_config
+from tests.fleet import (
+    PUSH_TIMEOUT_S,
+    WAIT_OFFLINE_S,
+    current,
+    fleet,
+    offers,
+    push_cmd,
+    retained_offline,
+    wait_fleet_serving,
 )
 from tests.test_mirror import nginx_factory  # noqa: F401  (fixture: a real nginx)
-from tests.test_ota import MODEL, build, device_doc, install, serving
+from tests.test_ota import build, device_doc, install, serving
 from tests.test_site import acked, connect, shipped, site, subscribed  # noqa: F401  (fixtures: a real site)
 
 
@@ -53,78 +49,6 @@ def test_waves_thresholds_and_the_plan() -> None:
     plan = plan_waves(devs, 2, [50, 100])
     assert [len(w) for w in plan] == [2, 9, 9]
     assert plan_waves(devs[:3], 0, [1, 10, 50, 100]) == [["d00"], ["d01"], ["d02"]]  # no empty wave
-
-
-def fleet(
-    broker: Broker, demo: DemoAssets, tmp: Path, signer: SigningKey, names: list[str], version: int = 1
-) -> dict[str, Path]:
-    """Device configs in group dock, `version` installed, short probation, a slow frame rate."""
-    cfgs = {}
-    v1 = build(demo, tmp, signer, version)
-    for dev in names:
-        doc = device_doc(broker, demo, tmp, dev, probation_s=3, probation_batches=10, probation_latency_ratio=3)
-        doc["groups"] = ["dock"]
-        doc["cameras"][0]["fps_max"] = 4
-        cfgs[dev] = write_config(tmp / f"{dev}.yaml", doc)
-        install(cfgs[dev], v1)
-    return cfgs
-
-
-# The pusher's own bounds: a device's outcome within PUSH_TIMEOUT_S of its offer, an offline device followed for
-# WAIT_OFFLINE_S. A pusher always ends by itself within them, so a test waits for it longer than they add up to.
-PUSH_TIMEOUT_S = 180
-WAIT_OFFLINE_S = 150
-
-
-def push_cmd(broker: Broker, *args: str) -> list[str]:
-    host = ["--host", broker.host, "--port", str(broker.port), "--timeout", str(PUSH_TIMEOUT_S)]
-    return [sys.executable, "-m", "edged", "push", *args, *host]
-
-
-def current(tmp: Path, dev: str) -> int:
-    return int(os.readlink(tmp / dev / "models" / MODEL / "current").rsplit("/", 1)[-1])
-
-
-def offers(sub: Subscriber) -> dict[str, int]:
-    """Directed offers (cmd/ota) each device was sent."""
-    counts: dict[str, int] = {}
-    for m in sub.on("cmd/ota"):
-        dev = m.topic.split("/")[1]
-        counts[dev] = counts.get(dev, 0) + 1
-    return counts
-
-
-def retained_offline(broker: Broker, dev: str, groups: list[str]) -> None:
-    """What the broker keeps for a device of `groups` that died (its last will): discovery sees it offline."""
-    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"will-{free_port()}", protocol=mqtt.MQTTv5)
-    c.connect(broker.host, broker.port)
-    c.loop_start()
-    doc = {"state": "offline", "groups": groups}
-    c.publish(f"edged/{dev}/status", json.dumps(doc).encode(), qos=1, retain=True).wait_for_publish(10)
-    c.disconnect()
-    c.loop_stop()
-
-
-def wait_fleet_serving(daemons: list[DaemonProc]) -> None:
-    """Daemons started at once all serve. Their start costs the machine their number times one daemon's
-    start (20 of them on 2 busy cores: minutes, most of it importing before a first log line), so the wait
-    lasts while those still starting work (their CPU time grows) and fails when none has for 60 s, or when
-    one exits."""
-
-    def starting() -> list[DaemonProc]:
-        return [d for d in daemons if "serving 1 camera(s)" not in d.output()]
-
-    def all_serving() -> bool:
-        for d in daemons:
-            if d.proc.poll() is not None:
-                raise AssertionError(f"a daemon exited with {d.proc.returncode}:\n{d.output()[-3000:]}")
-        return not starting()
-
-    def progress() -> tuple[int, float]:
-        left = starting()
-        return len(left), sum(cpu_seconds(d.proc.pid) for d in left)
-
-    wait_progress(all_serving, progress, 60, f"{len(daemons)} daemons to serve", step=0.25)
 
 
 def rollout_kill_resume_catch_up(
@@ -217,6 +141,7 @@ def test_a_rollout_killed_and_resumed_and_an_offline_device_catches_up(
 
 
 @pytest.mark.slow
+@pytest.mark.start_early(400)
 @pytest.mark.timeout(1800)  # 20 daemons on a 2-core machine: the pusher's own bounds (above) add up past 600 s
 def test_a_rollout_to_20_daemons_killed_and_resumed(
     broker: Broker,

@@ -19,9 +19,9 @@ import pytest
 
 from edged.models.demo import DemoAssets
 from edged.models.signing import SigningKey
-from tests.conftest import REPO, Broker, DaemonProc, Subscriber, write_config
-from tests.test_ota import build, device_doc, install
-from tests.test_rollout import PUSH_TIMEOUT_S, current, offers, push_cmd, wait_fleet_serving
+from tests.conftest import REPO, Broker, DaemonProc, Subscriber
+from tests.fleet import PUSH_TIMEOUT_S, current, fleet, offers, push_cmd, wait_fleet_serving
+from tests.test_ota import build
 from tests.test_shadow_push import AGREES, DARK, DISAGREES, EVIDENCE, push_cli, wire  # noqa: F401  (fixture)
 
 
@@ -135,26 +135,6 @@ def test_a_rollout_that_shadows_is_resumed_with_its_ask_and_refuses_other_flags(
 # ---- real daemons --------------------------------------------------------------------------------------------
 
 
-def shadow_fleet(
-    broker: Broker, demo: DemoAssets, tmp: Path, signer: SigningKey, scenes: dict[str, str]
-) -> dict[str, Path]:
-    """Device configs in group dock, v1 installed, short probation; each device's camera is the demo video
-    (`video`: faces) or a synthetic test pattern (`empty`: no face, so no evidence)."""
-    v1 = build(demo, tmp, signer, 1)
-    cfgs = {}
-    for dev, scene in scenes.items():
-        doc = device_doc(broker, demo, tmp, dev, probation_s=3, probation_batches=10, probation_latency_ratio=3)
-        doc["groups"] = ["dock"]
-        cam = doc["cameras"][0]
-        cam["fps_max"] = 4
-        if scene == "empty":
-            cam.pop("loop", None)
-            cam["uri"] = "synthetic://?width=640&height=360"
-        cfgs[dev] = write_config(tmp / f"{dev}.yaml", doc)
-        install(cfgs[dev], v1)
-    return cfgs
-
-
 # the evidence a wave waits for: a few seconds of faces at 2 frames/s; an empty scene gives up at --max-s
 REAL_EVIDENCE = ("--sample-fps", "2", "--min-frames", "6", "--min-detections", "5", "--min-s", "3")
 
@@ -175,7 +155,7 @@ def shadow_rollout_aborts(
     devices with an empty scene end no_evidence, over `max_failures`: the rollout aborts before the next wave,
     names them with their figures, the video devices of the first wave were promoted (agreement >= 0.99)."""
     names = list(scenes)
-    cfgs = shadow_fleet(broker, demo, tmp, signer, scenes)
+    cfgs = fleet(broker, demo, tmp, signer, names, empty=frozenset(d for d, s in scenes.items() if s == "empty"))
     sub = subscribe(broker, "edged/#")
     daemons = {dev: start_daemon(cfgs[dev]) for dev in names}
     wait_fleet_serving(list(daemons.values()))
@@ -236,6 +216,7 @@ def test_a_rollout_to_real_daemons_stops_before_the_next_wave_when_shadow_finds_
 
 
 @pytest.mark.slow
+@pytest.mark.start_early(170)
 @pytest.mark.timeout(1200)  # ten daemons starting on a 2-core machine
 def test_a_rollout_to_ten_daemons_whose_first_wave_fails_shadow_aborts_before_the_second(
     broker: Broker,

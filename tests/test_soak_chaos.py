@@ -47,6 +47,7 @@ def short_plan(seed: int) -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.start_early(260)  # 4 minutes by its plan, most of it waiting: beside a CPU-bound test
 @pytest.mark.timeout(1800)  # about 5 minutes here; the start-up and the push take 3x as long on a busy machine
 def test_a_short_chaos_soak_loses_nothing_and_keeps_fds_threads_and_memory_flat(tmp_path: Path) -> None:
     res = soak_chaos.Soak(short_plan(seed=26), tmp_path, print).run()

@@ -206,10 +206,10 @@ def cascade_by_hand(demo: DemoAssets, step: int, score_threshold: float = 0.3) -
     recognised -> (recognised, true text) pairs, and the frames looked at."""
     layout, rec = demo.packages["picodet-layout"], demo.packages["ppocr-rec"]
     lspec = layout.manifest.input
-    lback = OnnxRuntimeBackend(layout.batch_paths[lspec.batch], threads=2)
+    lback = OnnxRuntimeBackend(layout.batch_paths[lspec.batch], threads=1)
     ldec = build_decoder(layout.manifest.decoder, lspec, layout.labels, {o.name: o.shape for o in lback.outputs})
     rspec = rec.manifest.input
-    rback = OnnxRuntimeBackend(rec.batch_paths[rspec.batch], threads=2)
+    rback = OnnxRuntimeBackend(rec.batch_paths[rspec.batch], threads=1)
     rdec = build_decoder(rec.manifest.decoder, rspec, rec.labels, {o.name: o.shape for o in rback.outputs})
     assert isinstance(rdec, Ctc)
     truth = json.loads(demo.documents_truth.read_text())["frames"]
@@ -253,7 +253,7 @@ def titles_read(demo: DemoAssets, step: int) -> None:
     recognised titles against the drawn text."""
     rec = demo.packages["ppocr-rec"]
     rspec = rec.manifest.input.model_copy(update={"shape": [1, *rec.manifest.input.shape[1:]]})
-    rback = OnnxRuntimeBackend(rec.batch_paths[1], threads=2)
+    rback = OnnxRuntimeBackend(rec.batch_paths[1], threads=1)
     rdec = build_decoder(rec.manifest.decoder, rspec, rec.labels, {o.name: o.shape for o in rback.outputs})
     assert isinstance(rdec, Ctc)
     crops = _title_crops(demo, 10)[::step]

@@ -23,14 +23,6 @@ from tests.nginx_dav import DavServer
 
 
 @pytest.fixture
-def dav(tmp_path: Path) -> Iterator[DavServer]:
-    server = DavServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def uploaders() -> Iterator[list[Uploader]]:
     made: list[Uploader] = []
     yield made

@@ -51,7 +51,7 @@ from edged.errors import StateDirError
 from edged.protocol.backoff import Backoff
 
 from ...models.store.files import write_atomic
-from ..config import UploadConfig
+from ..config import Config, UploadConfig
 
 logger = logging.getLogger(__name__)
 
@@ -381,6 +381,11 @@ class Uploader:
                 conn.close()
         entry.bytes = size
         return answer.status, answer.reason, answer.getheader("Location") or ""
+
+
+def build_uploader(cfg: Config, stop: threading.Event) -> Uploader | None:
+    """The daemon's uploader with an ``upload:`` section, else None; its thread starts with `start()`."""
+    return Uploader(cfg.upload, cfg.state_dir, stop) if cfg.upload is not None else None
 
 
 class _Unreadable(Exception):

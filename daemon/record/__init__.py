@@ -8,4 +8,5 @@ by HTTP PUT to a configured endpoint.
     store.py        the clip store: MP4 + sidecar per clip, bounded by bytes and age, tidied at the start;
                     the ``/clips`` paths of the health server
     labelling.py    the frames worth labelling: JPEGs and one COCO JSON, bounded by count and bytes
+    build.py        the parts above as app.py builds them from the config (labelling, the /clips paths)
 """
