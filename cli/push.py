@@ -39,6 +39,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "  edged push faces-8.tar --group dock --waves 1,10,50,100 --max-failures 2%\n"
         "  edged push --resume ~/.local/state/edged/rollouts/faces@8-group-dock.json\n"
         "  edged push faces-9.tar --group dock --waves 10,100 --shadow --promote-if 'agreement>=0.95,recall>=0.98'\n"
+        "  edged push plates-ocr-3.tar --stage ocr --device orin-07 --wait commit\n"
         f"\nshadow defaults: {DEFAULTS_TEXT}\n"
         "  figures: agreement (matched / the larger count), recall and precision against the serving model,\n"
         "  latency (the candidate's cost per image over the serving one's), score_shift; a scene that gives too\n"
@@ -122,6 +123,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         action="store_true",
         help="stop the transfer each --device runs (no package): it drops its files and publishes cancelled",
     )
+    push.add_argument(
+        "--stage",
+        metavar="NAME",
+        help="the package is the next version of the device's cascade stage NAME (stages[].name), not of its primary "
+        "model: swapped in for that stage alone, judged on its own probation, rolled back alone; with --device",
+    )
     add_shadow_flags(push)
     push.add_argument("-c", "--config", type=Path, help="a config file whose mqtt section to use (TLS, credentials)")
     add_broker_flags(push)
@@ -194,6 +201,8 @@ def _push(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"edged push: error: {exc}", file=sys.stderr)
         return 2
+    if args.stage is not None:
+        return _push_stage(args, shadow is not None)
     mirror = None
     if args.mirror or args.mirror_url:
         try:
@@ -219,6 +228,20 @@ def _push(args: argparse.Namespace) -> int:
         shadow=shadow,
         verbose=args.verbose,
     )
+
+
+def _push_stage(args: argparse.Namespace, shadow: bool) -> int:
+    """``--stage NAME``: the package as that cascade stage's next version, to each ``--device`` at once."""
+    from edged.deploy.push import push_stage
+
+    refused = [flag for flag, given in (("--group", args.group), ("--resume", args.resume), ("--shadow", shadow),
+               ("--mirror", args.mirror or args.mirror_url), ("--canary", args.canary)) if given]  # fmt: skip
+    if refused or not args.device or args.package is None:
+        why = f"not with {', '.join(refused)}" if refused else "it takes a package and --device ID (repeatable)"
+        print(f"edged push: error: --stage: {why}", file=sys.stderr)
+        return 2
+    timeout = args.timeout if args.timeout is not None else TIMEOUT_S
+    return push_stage(_broker(args), args.package, args.stage, args.device, args.wait, timeout)
 
 
 def _cancel(args: argparse.Namespace) -> int:

@@ -33,14 +33,15 @@ from edged.protocol.schemas import EVENT_SCHEMA
 from .backends import Backend
 from .capture.camera import Camera, Throttle, join_all
 from .capture.preprocess import Preprocessor
-from .cascade.pipeline import build_cascade
+from .cascade.pipeline import StagedResult, build_cascade, with_stage_outputs
+from .cascade.swap import stage_swaps
 from .config import Config
 from .control import Control, remote_config
 from .delivery.commands import Commands
 from .delivery.homeassistant import HomeAssistant
 from .delivery.publisher import Publisher, iso
 from .delivery.spool import Spool
-from .delivery.upload import Uploader
+from .delivery.upload import build_uploader
 from .diagnose import LogRing
 from .health import HealthServer, Probe
 from .host import affinity
@@ -57,10 +58,9 @@ from .lifecycle.remote import RemoteConfig, startup_config
 from .liveness import Liveness
 from .liveview import LiveView, read_token
 from .parts import Parts
-from .record.labelling import LabelFrames, score_thresholds
+from .record.build import build_labelling, clips_http
 from .record.mux import write_mp4
 from .record.planner import ClipPlanner, build_clips
-from .record.store import ClipsHTTP
 from .scene.scenes import Scenes, decode_options
 from .telemetry import RunSummary, Telemetry
 
@@ -124,7 +124,10 @@ class Daemon:
         self._build_frame_path(opened)
         self._build_model_manager(opened.package)
         self._build_delivery()
-        self.cascade = build_cascade(self.cfg, opened.package, self.cameras, self.publisher.submit)
+        self._held_events: dict[tuple[str, int], list[dict[str, Any]]] = {}  # a result's events, till its stages answer
+        self.cascade = build_cascade(self.cfg, opened.package, self.cameras, self._staged)
+        ota_status = self.ota.status if self.ota is not None else None  # a stage pushed alone (cascade/swap.py)
+        self.models.stage_swaps = stage_swaps(self.cfg, self.store, self.cascade, self._event, ota_status, rss_mb)
         self._build_governor()
         self._build_surfaces()
         self._build_consumers()
@@ -154,12 +157,8 @@ class Daemon:
 
     def _build_uploads(self, package: Package) -> None:
         """The uploader (with `upload:`) and the frames worth labelling (with `labelling.enabled`); started in run()."""
-        cfg = self.cfg
-        self.uploader = Uploader(cfg.upload, cfg.state_dir, self.stop_event) if cfg.upload is not None else None
-        self.labelling: LabelFrames | None = None
-        if cfg.labelling.enabled:
-            th = score_thresholds(cfg.detection, cfg.cameras)
-            self.labelling = LabelFrames(cfg.labelling, cfg.state_dir, package.labels, self.uploader, th)
+        self.uploader = build_uploader(self.cfg, self.stop_event)  # delivery/upload.py
+        self.labelling = build_labelling(self.cfg, package.labels, self.uploader)  # record/build.py
 
     def _build_frame_path(self, opened: Opened) -> None:
         """Cameras (latest-frame slots), their scenes, and the inference loop that batches their frames."""
@@ -299,9 +298,7 @@ class Daemon:
         self.telemetry.clips = self.clips.summary
         if self.health is not None:
             self.health.probe.clips = self.clips.summary
-            tf = self.cfg.health.token_file
-            read_token(tf)  # checked at the start; read again per request (a rotated token is taken up)
-            self.health.clips = ClipsHTTP(self.clips.store, None if tf is None else lambda: read_token(tf))
+            self.health.clips = clips_http(self.clips.store, self.cfg.health.token_file, read_token)
 
     def _start_failed(self, exc: BaseException) -> None:
         """A start that ends in an error releases what it holds (the probation marker: `ModelLoader.start_failed`)."""
@@ -331,8 +328,11 @@ class Daemon:
 
     def _on_result(self, r: Result) -> None:
         r, events, frames = self.scenes.process(r)  # per-camera settings, tracks, zones, object events
-        for ev in events:
-            self._event(ev)
+        if self.cascade is not None and frames and events:
+            self._held_events[(r.camera, r.meta.seq)] = events  # sent with the stages' outputs (`_staged`)
+        else:
+            for ev in events:
+                self._event(ev)
         self.telemetry.record(r)
         self.control.record(r)
         if self.health is not None and self.health.live is not None:
@@ -345,6 +345,13 @@ class Daemon:
             self.labelling.observe(r.camera, r.detections, ref, lambda: cam.frame_for(r.meta.seq), time.monotonic())
         if frames:
             (self.cascade.submit if self.cascade is not None else self.publisher.submit)(r)  # stages, then publisher
+
+    def _staged(self, r: StagedResult) -> None:
+        """A result whose stages have answered (a stage thread, or the decode thread): its object events first,
+        each with its detection's stage outputs (cascade/pipeline.py `with_stage_outputs`), then the result."""
+        for ev in with_stage_outputs(self._held_events.pop((r.camera, r.meta.seq), []), r):
+            self._event(ev)
+        self.publisher.submit(r)
 
     def _event(self, doc: dict[str, Any]) -> None:
         if self.clips is not None:

@@ -118,6 +118,7 @@ class Pusher:
         self.replies = topics.push_replies(self.prefix, self.transfer)  # each device answers under its own root
         self.urls: dict[str, list[str]] | None = None  # --mirror: devices download the files from there
         self.shadow_ask: ShadowAsk | None = None  # --shadow: devices evaluate the candidate before it serves
+        self.stage: str | None = None  # --stage: the package replaces that cascade stage's model (not the primary)
         self.verbose = False  # the live lines show each camera's shadow figures too
         self.offer = self._offer_payload()
         self.devices: dict[str, Device] = {}
@@ -157,9 +158,15 @@ class Pusher:
         self.shadow_ask = ask
         self.offer = self._offer_payload()
 
+    def use_stage(self, stage: str) -> None:
+        """Offer the package as the cascade stage `stage`'s next version (``--stage``): the device swaps it in
+        for that stage alone, judges it on its own probation and says the outcome on ``…/ota/status``."""
+        self.stage = stage
+        self.offer = self._offer_payload()
+
     def offer_args(self) -> OfferArgs:
-        """This push's offer: the signed manifest, the mirror's URLs, the shadow ask."""
-        return offer_args(self.transfer, self.manifest_bytes, self.sig_bytes, self.urls, self.shadow_ask)
+        """This push's offer: the signed manifest, the mirror's URLs, the shadow ask, the stage."""
+        return offer_args(self.transfer, self.manifest_bytes, self.sig_bytes, self.urls, self.shadow_ask, self.stage)
 
     def _offer_payload(self) -> bytes:
         return offer_payload(self.offer_args())
@@ -460,7 +467,13 @@ class Pusher:
                 d.bytes = doc["bytes"]
             if d.shadow is not None and state == OtaState.SHADOWING:
                 d.shadow.take_status(doc.get("detail") or {}, float(doc.get("ts") or 0.0))
-            if state in (OtaState.REJECTED, OtaState.FAILED):
+            detail = doc.get("detail") or {}
+            if state == OtaState.PROBATION and detail.get("stage") and detail.get("committed"):
+                d.finish("committed")  # a stage's probation passed (cascade/swap.py): its status says so
+            elif state == OtaState.REJECTED and detail.get("stage") and "rolled_back_to" in detail:
+                err = doc.get("error") or {}
+                d.finish("rolled_back", f"{err.get('code', '?')}: {err.get('message', '')}")
+            elif state in (OtaState.REJECTED, OtaState.FAILED):
                 err = doc.get("error") or {}
                 d.finish(state, f"{err.get('code', '?')}: {err.get('message', '')}")
             elif state == OtaState.CANCELLED:
@@ -481,3 +494,23 @@ class Pusher:
                 d.finish("rolled_back", str(last.get("reason", "rolled back on the device")))
             elif doc.get("active") == v and doc.get("probation") is None:
                 d.finish("committed")
+
+
+def push_stage(
+    mqtt_cfg: MqttSettings, package: Path, stage: str, devices: list[str], wait: Wait, timeout_s: float,
+    out: TextIO = sys.stderr,
+) -> int:  # fmt: skip
+    """``edged push PKG --stage NAME --device ID…``: the package offered as that cascade stage's next version to
+    each device at once (no waves, no state file); each device's outcome reported. Exit 0 when every device
+    succeeded (``--wait commit``: its probation passed), else 1."""
+    pusher = Pusher(mqtt_cfg, package, out)
+    pusher.use_stage(stage)
+    print(f"push: {pusher.ref} as stage {stage!r} ({pusher.total / 2**20:.1f} MiB, transfer {pusher.transfer}) "
+          f"via {mqtt_cfg.host}:{mqtt_cfg.port}", file=out)  # fmt: skip
+    t0 = time.monotonic()
+    try:
+        pusher.connect()
+        pusher.push(devices, wait, timeout_s)
+        return report(pusher, wait, time.monotonic() - t0, out)
+    finally:
+        pusher.close()

@@ -94,6 +94,8 @@ class OfferArgs(BaseModel):
     sig: str
     urls: FileUrls | None = None
     shadow: ShadowAsk | None = None  # evaluate on live frames before serving (protocol/shadow.py)
+    # a cascade stage's package: the configured stage it replaces (daemon/lifecycle/stage_swap.py); None: the primary
+    stage: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
     def decode(self) -> tuple[bytes, bytes]:
         """(manifest bytes, signature bytes); CommandError(invalid_arguments) when either is not base64."""
@@ -109,6 +111,7 @@ def offer_args(
     sig: bytes,
     urls: dict[str, list[str]] | None = None,
     shadow: ShadowAsk | None = None,
+    stage: str | None = None,
 ) -> OfferArgs:
     return OfferArgs(
         transfer=transfer,
@@ -116,6 +119,7 @@ def offer_args(
         sig=base64.b64encode(sig).decode(),
         urls=urls,
         shadow=shadow,
+        stage=stage,
     )
 
 
@@ -126,6 +130,8 @@ def offer_payload(args: OfferArgs) -> bytes:
         doc["urls"] = args.urls
     if args.shadow is not None:
         doc["shadow"] = args.shadow.doc()
+    if args.stage is not None:
+        doc["stage"] = args.stage
     return json.dumps(doc).encode()
 
 

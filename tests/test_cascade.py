@@ -475,3 +475,25 @@ def test_stages_config_is_checked_at_load(tmp_path: Path) -> None:
         load_config(doc(on_labels=[]))
     with pytest.raises(ConfigError, match=r"stages\[0\]\.reinfer_every: unknown key"):
         load_config(doc(reinfer_every=3))
+
+
+def test_a_stage_model_counts_the_crops_it_said_something_of(rec_onnx: Path, charset: list[str], pages, truth):
+    """What a stage's probation judges (daemon/cascade/swap.py): each crop run, and whether its output said
+    anything, as the published outputs show; and its cost per crop."""
+    model = rec_model(rec_onnx, charset)
+    out: list[StagedResult] = []
+    frames = {("a", i): pages[i] for i in range(len(pages))}
+    cascade = Cascade([(stage_cfg(), model)], lambda cam, seq: frames.get((cam, seq)), out.append)
+    cascade.start()
+    try:
+        for i in range(len(pages)):
+            cascade.submit(result("a", i, (816, 1056), region_dets(truth[i])))
+        wait_until(lambda: len(out) == len(pages), 120, "every result through the stage")
+    finally:
+        cascade.join(10)
+    texts = [s["ocr"]["text"] for r in out for s in r.stages if "ocr" in s]
+    fig = model.recent_output(1000)
+    assert fig.rows == len(texts) == model.crops
+    assert fig.detections == sum(bool(t.strip()) for t in texts) > 0
+    assert model.recent_output(2).rows == 2
+    assert model.crop_ms.percentiles((50,))["p50"] > 0

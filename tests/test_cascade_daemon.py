@@ -118,7 +118,7 @@ def test_detector_stage_with_tracks_through_edged_run(
             "name": "lobby",
             "uri": f"file://{demo.video}",
             "realtime": False,
-            "detection": {"tracking": {"min_hits": 2, "max_age": 5}},
+            "detection": {"tracking": {"min_hits": 2, "max_age": 5}, "publish": "both"},
         }
     ]
     doc = base_config(broker, demo, tmp_path, cams)
@@ -174,6 +174,25 @@ def test_detector_stage_with_tracks_through_edged_run(
                 inside = rect[0] - 1 <= x1 <= x2 <= rect[2] + 1 and rect[1] - 1 <= y1 <= y2 <= rect[3] + 1
                 assert inside, (rect, sub_box)
     tracked = sum("track_id" in det for r in results for det in r["detections"])
+    # object events leave with their result's stage outputs: the same dict as the track's detection in that frame
+    # (`object_appeared` is sent at the frame that confirmed the track, its `last_frame`); an ended track has no
+    # detection in the frame that ends it, so its event carries none
+    by_frame = {(r["camera"], r["frame"]): r for r in results}
+    events = [m.json() for m in sub.on("events") if m.json()["type"].startswith("object_")]
+    carried = 0
+    for ev in events:
+        if ev["type"] == "object_ended":
+            assert "stages" not in ev, ev
+            continue
+        if ev["type"] != "object_appeared":
+            continue
+        r = by_frame[(ev["camera"], ev["last_frame"])]
+        det = next(x for x in r["detections"] if x.get("track_id") == ev["track_id"])
+        assert ev.get("stages") == det.get("stages"), (ev, det)
+        if "stages" in det:
+            assert ev["stage_versions"] == r["stage_versions"], ev
+            carried += 1
+    assert carried >= 1, f"{len(events)} object events, none of a detection with stage outputs"
     assert read >= 1 and voted >= 1, (read, voted, len(results), tracked)
     telemetry = [m.json() for m in sub.on("telemetry")]
     stages = telemetry[-1]["stages"]["face"]

@@ -10,4 +10,6 @@ batch; each detection carries what the stages said about it.
                 voted; `StageModel` (one version of a stage) swapped by `Stage.flip` between two batches
     crops.py    boxes → crops (labels, minimum size, padding, most per frame, clipped); a crop → a stage's row
     votes.py    per track: when a stage reads it again (reinfer_frames, iou_change) and what its readings vote for
+    swap.py     a stage's version pushed while serving: admitted, flipped in between batches, on probation of its
+                own, committed or rolled back alone (`StageSwaps`, reached from the model manager)
 """

@@ -123,19 +123,11 @@ def open_stages(cfg: Config, primary: Package, in_use_mb: float | None = None) -
 def _open_stage(cfg: Config, stage: StageConfig, base: Base, before: float) -> OpenedStage:
     scfg = stage_config(cfg, stage)
     pkg = resolve_package(scfg)
-    m = pkg.manifest
     budget = cfg.memory.budget_mb
     est = estimate_mb(pkg) + buffers_mb(pkg)
     admit_stage(stage.name, pkg.ref, est, before, base, budget)
-    backend = open_package_backend(scfg, pkg)
+    backend, decoder, said = open_checked(scfg, pkg)
     try:
-        check_io(pkg, backend)
-        said = [s for s in (_checked(pkg, backend, batches_check), _checked(pkg, backend, golden_check)) if s]
-        if not said:  # nothing ran the model yet: one batch of padding, so its first crops do not pay the start
-            spec = m.input
-            backend.infer({spec.name: np.full(spec.shape, spec.pad_value, np.dtype(spec.dtype))})
-        shapes = {o.name: o.shape for o in backend.outputs}
-        decoder = build_decoder(m.decoder, m.input, m.labels, shapes)
         loaded = max(est, backend.memory_bytes / 2**20 + buffers_mb(pkg))
         admit_stage(stage.name, pkg.ref, loaded, before, base, budget)
     except Exception:
@@ -149,6 +141,26 @@ def _open_stage(cfg: Config, stage: StageConfig, base: Base, before: float) -> O
         "; " + "; ".join(said) if said else "",
     )  # fmt: skip
     return OpenedStage(stage, pkg, backend, decoder, loaded)
+
+
+def open_checked(scfg: Config, pkg: Package) -> tuple[Backend, Decoder, list[str]]:
+    """A stage's package opened as `scfg` (`stage_config`) asks, its I/O checked, its batches checked on values
+    and its golden pair run (or one batch of padding run), its decoder built on the output shapes: at start,
+    and for a stage version pushed while serving (lifecycle/stage_swap.py). The backend is closed on a failure."""
+    m = pkg.manifest
+    backend = open_package_backend(scfg, pkg)
+    try:
+        check_io(pkg, backend)
+        said = [s for s in (_checked(pkg, backend, batches_check), _checked(pkg, backend, golden_check)) if s]
+        if not said:  # nothing ran the model yet: one batch of padding, so its first crops do not pay the start
+            spec = m.input
+            backend.infer({spec.name: np.full(spec.shape, spec.pad_value, np.dtype(spec.dtype))})
+        shapes = {o.name: o.shape for o in backend.outputs}
+        decoder = build_decoder(m.decoder, m.input, m.labels, shapes)
+    except Exception:
+        backend.close()
+        raise
+    return backend, decoder, said
 
 
 def _checked(pkg: Package, backend: Backend, check: Callable[[Package, Backend], str | None]) -> str | None:

@@ -9,6 +9,7 @@ the result held until every stage it waits for has answered, then handed on in i
         of the same camera: results keep their order per camera, never blocking the decode thread
 
 `build_cascade` is what app.py calls: the stages opened and admitted (loader.py), the cascade in front of the sink.
+A result's object events wait with it and leave with its detections' stage outputs (`with_stage_outputs`).
 """
 
 from __future__ import annotations
@@ -212,6 +213,19 @@ class Cascade:
         return out
 
 
+def with_stage_outputs(events: list[dict[str, Any]], r: StagedResult) -> list[dict[str, Any]]:
+    """A result's object events, each of a track that has a detection in `r` carrying that detection's stage
+    outputs (`stages`, as the result has them, votes included) and `stage_versions`; other events (a track that
+    ended, a camera's) as they are."""
+    pairs = zip(r.detections, r.stages, strict=False)  # `stages`: one entry per detection
+    by_track: dict[Any, dict[str, dict[str, Any]]] = {d.track_id: o for d, o in pairs if d.track_id is not None and o}
+    out = []
+    for ev in events:
+        outputs = by_track.get(ev.get("track_id"))
+        out.append({**ev, "stages": outputs, "stage_versions": r.stage_versions} if outputs else ev)
+    return out
+
+
 def build_cascade(
     cfg: Config,
     primary: Package,
@@ -226,7 +240,7 @@ def build_cascade(
     stages = []
     for s in opened:
         m = s.package.manifest
-        stages.append((s.cfg, StageModel(s.backend, s.decoder, m.input, m.name, m.version)))
+        stages.append((s.cfg, StageModel(s.backend, s.decoder, m.input, m.name, m.version, m.decoder.type)))
     by_name = {c.name: c for c in cameras}
     for c in cameras:
         if any(s.cameras is None or c.name in s.cameras for s in cfg.stages):

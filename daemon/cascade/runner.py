@@ -32,11 +32,13 @@ from ..config.stages import StageConfig
 from ..decoders import DecodeOptions, Decoder, Detection, build_decoder
 from ..decoders.classify import Classify
 from ..decoders.ctc import Ctc
-from ..inference import Result, Window
+from ..inference import OutputFigures, Result, Window
 from .crops import Crop, CropInput, frame_transform
 from .votes import Votes
 
 logger = logging.getLogger(__name__)
+
+OUTPUT_WINDOW = 4096  # crops whose output a StageModel keeps (probation's window is at most this)
 
 FrameFor = Callable[[str, int], "np.ndarray | None"]  # (camera, FrameMeta.seq) -> the frame inference took
 
@@ -50,10 +52,14 @@ class StageModel:
     spec: InputSpec  # shape[0]: the largest fixed batch
     name: str
     version: int
+    decoder_type: str = ""  # the manifest's decoder type (what a pushed version must match)
     batches: int = 0
     crops: int = 0
     errors: int = 0
     cost_ms: Window = field(default_factory=Window)
+    crop_ms: Window = field(default_factory=Window)  # a batch's cost over its real crops: cost per crop
+    # per crop, newest last: whether the stage said something of it (text, a label over the threshold, a box)
+    said: deque[bool] = field(default_factory=lambda: deque(maxlen=OUTPUT_WINDOW))
 
     @property
     def ref(self) -> str:
@@ -67,6 +73,12 @@ class StageModel:
         if isinstance(self.decoder, Classify):
             return "labels"
         return "boxes"
+
+    def recent_output(self, crops: int) -> OutputFigures:
+        """Its newest `crops` crops: how many, and how many of them the stage said something of (in
+        `OutputFigures`' terms, as probation.output_verdict judges the primary's frames and detections)."""
+        said = list(self.said)[-crops:] if crops > 0 else []
+        return OutputFigures(len(said), sum(said), 0.0)
 
 
 def open_stage_model(package: Package, threads: int = 0, providers: tuple[str, ...] = ("cpu",)) -> StageModel:
@@ -84,7 +96,7 @@ def open_stage_model(package: Package, threads: int = 0, providers: tuple[str, .
         for member in opened.values():
             member.close()
         raise
-    return StageModel(backend, decoder, m.input, m.name, m.version)
+    return StageModel(backend, decoder, m.input, m.name, m.version, m.decoder.type)
 
 
 @dataclass
@@ -264,16 +276,29 @@ class Stage:
         t0, c0 = time.perf_counter(), time.process_time()
         outputs = model.backend.infer({model.spec.name: buf})
         wall_ms = (time.perf_counter() - t0) * 1000.0
-        model.cost_ms.add((time.process_time() - c0) * 1000.0 if model.backend.cpu_bound else wall_ms)
+        cost = (time.process_time() - c0) * 1000.0 if model.backend.cpu_bound else wall_ms
+        model.cost_ms.add(cost)
+        model.crop_ms.add(cost / max(1, n))
         st = self.stats
         st.batches += 1
         st.crops += n
         st.padded_rows += b - n
         st.by_batch[b] = st.by_batch.get(b, 0) + 1
         st.infer_ms.add(wall_ms)
+        out = self._read(model, outputs, crops, transforms)
+        model.said.extend(self._said(doc) for doc in out)
         model.batches += 1
         model.crops += n
-        return self._read(model, outputs, crops, transforms)
+        return out
+
+    def _said(self, doc: dict[str, Any]) -> bool:
+        """Whether a crop's output says anything: text, a top label at or over `score_threshold`, a box."""
+        if "text" in doc:
+            return bool(str(doc["text"]).strip())
+        if "labels" in doc:
+            labels = doc["labels"]
+            return bool(labels) and float(labels[0][1]) >= self.cfg.score_threshold
+        return bool(doc.get("boxes"))
 
     def _read(
         self, model: StageModel, outputs: dict[str, np.ndarray], crops: Sequence[Crop], transforms: Sequence[Transform]

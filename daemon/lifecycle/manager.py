@@ -37,10 +37,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from edged.errors import Code, EdgedError, SwapError
-from edged.models.package import Package
+from edged.models.package import Manifest, Package
 from edged.models.store import Store
 from edged.models.store.files import crash_at_env_step
 from edged.protocol.ota import ModelRef
@@ -76,6 +76,18 @@ MODEL_FAULTS = frozenset({Code.GOLDEN_MISMATCH, Code.GOLDEN_INVALID, Code.MODEL_
 SWAP_STEPS = ("swap_loaded", "swap_flipped")
 
 
+class StageInstaller(Protocol):
+    """A cascade's stage versions pushed while serving (daemon/cascade/swap.py `StageSwaps`), set by app.py."""
+
+    def check_offer(self, stage: str, m: Manifest) -> None: ...
+
+    def install(self, pkg: Package, stage: str, transfer: str | None = None) -> dict[str, Any]: ...
+
+    def check(self, now: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class ModelManager:
     """Owns which model serves: swaps, rollbacks and the probation verdict. One swap at a time."""
 
@@ -108,6 +120,7 @@ class ModelManager:
         self._publish_shadow = publish_shadow
         self.labels: Any | None = None  # daemon/record/labelling.py LabelFrames: a shadow's disagreeing frames
         self.shadow: ShadowRunner | None = None  # the candidate being evaluated, while one is
+        self.stage_swaps: StageInstaller | None = None  # a cascade's stages, pushed one by one (cascade/swap.py)
         self._lock = threading.Lock()
         self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swap")
         self.probation: Probation | None = None
@@ -158,6 +171,23 @@ class ModelManager:
                 "`edged model install` it and restart the daemon",
                 code=Code.INPUT_CHANGED,
             )
+
+    # ---- a cascade's stages (an offer with `stage`) -----------------------------------------
+    def check_stage(self, stage: str, m: Manifest) -> StageInstaller:
+        """At the offer: refuse (SwapError) a stage package this daemon cannot take, naming stage and package."""
+        swaps = self.stage_swaps
+        if swaps is None:
+            raise SwapError(
+                f"{m.name}@{m.version} is offered for stage {stage!r}, but this daemon runs no cascade from its model "
+                "store (stages: with model.name)",
+                code=Code.NOT_SUPPORTED,
+            )
+        swaps.check_offer(stage, m)
+        return swaps
+
+    def install_stage(self, pkg: Package, stage: str, transfer: str | None = None) -> dict[str, Any]:
+        """The verified staged package swapped in as `stage`'s model, on probation of its own (cascade/swap.py)."""
+        return self.check_stage(stage, pkg.manifest).install(pkg, stage, transfer)
 
     # ---- swaps -----------------------------------------------------------------------------
     def install_staged(
@@ -415,7 +445,9 @@ class ModelManager:
         self.recorder.tick(now, self.loop.active)
 
     def check_probation(self, now: float) -> None:
-        """Called by the main loop: commit, start a rollback, or wait."""
+        """Called by the main loop: commit, start a rollback, or wait (the primary's, and each stage's)."""
+        if self.stage_swaps is not None:
+            self.stage_swaps.check(now)
         p = self.probation
         if p is None or self.store is None or self._lock.locked():
             return
@@ -457,6 +489,8 @@ class ModelManager:
 
     def close(self) -> None:
         self._jobs.shutdown(wait=True, cancel_futures=True)
+        if self.stage_swaps is not None:
+            self.stage_swaps.close()
         self.recorder.record(self.loop.active)  # the newest figures, for a probation after the restart
         if self.store is not None:  # a clean stop is not a crash: the marker goes, whatever probation's state
             self.store.probation_run(self.package.manifest.name, None)  # (a verdict whose rollback was refused)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from edged.errors import EdgedError
@@ -113,7 +114,9 @@ class OutputRecorder:
 MIN_BASELINE_DETECTIONS = 20  # a collapse is judged only against an old window that saw at least this many
 
 
-def output_verdict(before: OutputFigures, after: OutputFigures, ratio: float, frames: int) -> str:
+def output_verdict(
+    before: OutputFigures, after: OutputFigures, ratio: float, frames: int, words: Callable[[OutputFigures], str] = str
+) -> str:
     """Why the new version's output is implausible next to the old one's on the same cameras, or "".
 
     `before` is the old version's output over its newest `frames` rows just before the swap (the same
@@ -121,13 +124,13 @@ def output_verdict(before: OutputFigures, after: OutputFigures, ratio: float, fr
     detections per frame under 1/`ratio` of the old one's (it suddenly detects nothing) counts only when
     the old window held at least MIN_BASELINE_DETECTIONS detections: an empty scene judges nothing. Over
     `ratio` times it and at least one per frame (it suddenly detects everything; an old rate under 0.1
-    counts as 0.1)."""
+    counts as 0.1). `words`: how the figures are said (a cascade stage's are crops, not frames)."""
     if before.rows < frames or after.rows < frames:
         return ""
     if before.detections >= MIN_BASELINE_DETECTIONS and after.rate < before.rate / ratio:
-        return f"output collapse: {after} vs {before} before (under 1/{ratio:g})"
+        return f"output collapse: {words(after)} vs {words(before)} before (under 1/{ratio:g})"
     if after.rate >= 1.0 and after.rate > max(before.rate, 0.1) * ratio:
-        return f"output explosion: {after} vs {before} before (over x{ratio:g})"
+        return f"output explosion: {words(after)} vs {words(before)} before (over x{ratio:g})"
     return ""
 
 
@@ -135,22 +138,44 @@ def probation_verdict(p: Probation, a: ActiveModel, cfg: ModelConfig) -> str:
     """Why the version on probation (`a`, the model serving) must be rolled back now, or "". The latency
     regression is judged no later than the commit could come; the output once both windows are full,
     whether or not the latency was judged (a version as fast as the old one may still see nothing)."""
-    if a.errors:
-        return f"{a.errors} inference/decoding error(s) on probation"
-    if (
-        p.baseline_ms
-        and cfg.probation_latency_ratio
-        and a.batches >= min(LATENCY_MIN_BATCHES, max(1, cfg.probation_batches))
-    ):
-        median = a.cost_ms.percentiles((50,)).get("p50", 0.0)
-        if median > p.baseline_ms * cfg.probation_latency_ratio:
-            how = "CPU time" if a.backend.cpu_bound else "wall time"
-            return (
-                f"latency regression: median batch {median:.1f} ms vs {p.baseline_ms:.1f} ms before "
-                f"({how}; over x{cfg.probation_latency_ratio:g})"
-            )
-    if p.baseline_output is not None and cfg.probation_output_ratio:
-        return output_verdict(
-            p.baseline_output, a.output_figures(), cfg.probation_output_ratio, cfg.probation_output_frames
+    median = a.cost_ms.percentiles((50,)).get("p50", 0.0)
+    return judge(
+        Judged(a.errors, a.batches, median, a.backend.cpu_bound, a.output_figures()),
+        p.baseline_ms,
+        p.baseline_output,
+        cfg,
+    )
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What a version on probation did so far, as `judge` reads it: the primary's batches and frames
+    (`probation_verdict`), or a cascade stage's batches and crops (daemon/cascade/swap.py), where `median_ms`
+    is its median cost per crop and `output` counts crops and the crops it said something of."""
+
+    errors: int
+    batches: int
+    median_ms: float
+    cpu_bound: bool
+    output: OutputFigures
+    unit: str = "batch"  # what `median_ms` is the cost of, in words
+    words: Callable[[OutputFigures], str] = str  # how `output` is said
+
+
+def judge(j: Judged, baseline_ms: float | None, baseline_output: OutputFigures | None, cfg: ModelConfig) -> str:
+    """The verdict of a probation (see `probation_verdict`): errors, then the latency regression against
+    `baseline_ms`, then the output against `baseline_output` (output_verdict); "" while none says roll back."""
+    if j.errors:
+        return f"{j.errors} inference/decoding error(s) on probation"
+    enough = j.batches >= min(LATENCY_MIN_BATCHES, max(1, cfg.probation_batches))
+    ratio = cfg.probation_latency_ratio
+    if baseline_ms and ratio and enough and j.median_ms > baseline_ms * ratio:
+        how = "CPU time" if j.cpu_bound else "wall time"
+        return (
+            f"latency regression: median {j.unit} {j.median_ms:.1f} ms vs {baseline_ms:.1f} ms before "
+            f"({how}; over x{ratio:g})"
         )
+    if baseline_output is not None and cfg.probation_output_ratio:
+        ratio, frames = cfg.probation_output_ratio, cfg.probation_output_frames
+        return output_verdict(baseline_output, j.output, ratio, frames, j.words)
     return ""

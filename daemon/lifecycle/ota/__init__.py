@@ -64,7 +64,7 @@ from paho.mqtt.client import MQTTMessage
 
 from edged.errors import Code, CommandError, EdgedError, PackageError
 from edged.models.compat import detect
-from edged.models.package import Package
+from edged.models.package import Manifest, Package
 from edged.models.signing import TrustStore
 from edged.models.store import Store
 from edged.models.store.files import fsync_dir, write_atomic
@@ -123,6 +123,15 @@ class Installer(Protocol):
         refused (and reports that itself); None when stopped first."""
         ...
 
+    def check_stage(self, stage: str, m: Manifest) -> Any:
+        """An offer with `stage`: raise (EdgedError) when this daemon cannot take the package for that stage."""
+        ...
+
+    def install_stage(self, pkg: Package, stage: str, transfer: str | None = None) -> dict[str, Any]:
+        """Swap the staged package in as the cascade stage `stage`'s model, on probation of its own; raises when
+        refused (and reports that itself)."""
+        ...
+
 
 class OtaReceiver:
     def __init__(
@@ -148,6 +157,7 @@ class OtaReceiver:
         self.completed = 0
         self._http: Downloader | None = None  # made at the first offer with URLs (TLS settings checked then)
         self._asks: dict[str, ShadowAsk] = {}  # transfer folder -> its offer's shadow ask
+        self._stages: dict[str, str] = {}  # transfer folder -> the cascade stage its offer names
         self._shadow_detail: dict[str, Any] = {}  # the running shadow's last figures (for a rejection's status)
 
     @property
@@ -170,6 +180,7 @@ class OtaReceiver:
             self._installer.rejected(None, exc, args.transfer)
             raise CommandError(exc.code, str(exc)) from exc
         ref = ModelRef(offer.manifest.name, offer.manifest.version)
+        self._check_stage(args, offer.manifest, ref)
         self._check_urls(args, set(offer.manifest.files))
         if offer.same_version:
             self.status(args.transfer, OtaState.UNCHANGED, model=ref)
@@ -192,7 +203,7 @@ class OtaReceiver:
             folder.mkdir(parents=True, exist_ok=True)
             write_atomic(folder / "offer.json", offer_payload(args))
             t = Transfer(folder, args.transfer, offer, args.urls)
-            self._ask(t, args.shadow)
+            self._ask(t, args.shadow, args.stage)
             self._start(t)
             return self._accepted(t)
 
@@ -282,16 +293,34 @@ class OtaReceiver:
                 shutil.rmtree(folder, ignore_errors=True)
                 continue
             t = Transfer(folder, args.transfer, offer, args.urls)
-            self._ask(t, args.shadow)
+            self._ask(t, args.shadow, args.stage)
             logger.info("ota: resuming transfer %s of %s at %d of %d bytes", t.id, t.ref, t.have, t.total)
             with self._lock:
                 self._start(t)
             return
 
-    def _ask(self, t: Transfer, ask: ShadowAsk | None) -> None:
+    def _ask(self, t: Transfer, ask: ShadowAsk | None, stage: str | None = None) -> None:
         self._asks.pop(t.folder.name, None)
+        self._stages.pop(t.folder.name, None)
         if ask is not None:
             self._asks[t.folder.name] = ask
+        if stage is not None:
+            self._stages[t.folder.name] = stage
+
+    def _check_stage(self, args: OfferArgs, m: Manifest, ref: ModelRef) -> None:
+        """An offer naming a cascade stage: refused at once (rejected) when the daemon cannot take the package
+        for that stage (cascade/swap.py says why, naming both); a stage is never shadowed."""
+        if args.stage is None:
+            return
+        try:
+            if args.shadow is not None:
+                raise EdgedError(f"{ref}: a stage's version (stage {args.stage!r}) is not shadowed; push it without "
+                                 "--shadow: its own probation judges it", code=Code.NOT_SUPPORTED)  # fmt: skip
+            self._installer.check_stage(args.stage, m)
+        except EdgedError as exc:
+            self.status(args.transfer, OtaState.REJECTED, model=ref, error=exc)
+            self._installer.rejected(ref, exc, args.transfer)
+            raise CommandError(exc.code, str(exc)) from exc
 
     def _start(self, t: Transfer) -> None:
         self._current = t
@@ -349,20 +378,24 @@ class OtaReceiver:
                 return
             self.status(t.id, OtaState.INSTALLING, model=t.ref, done=t.total, total=t.total)
             if pkg is None:
+                shutil.rmtree(t.folder, ignore_errors=True)  # gone before a status says so (a reader may look)
                 self.status(t.id, OtaState.UNCHANGED, model=t.ref)
             else:
                 swapping = True  # from here the model manager reports a refusal itself
                 ask = self._asks.get(t.folder.name)
-                if ask is None:
+                stage = self._stages.get(t.folder.name)
+                if stage is not None:  # a cascade stage's version (cascade/swap.py)
+                    result = self._installer.install_stage(pkg, stage, t.id)
+                elif ask is None:
                     result = self._installer.install_staged(pkg, t.id)
                 else:
                     shadowed = self._installer.shadow_staged(pkg, t.id, ask, self._shadowing(t), self._stop)
                     if shadowed is None:
                         return  # stopped while shadowing: a start resumes (and shadows again)
                     result = {**shadowed, **self._shadow_detail.pop(t.id, {})}  # the verdict's figures
+                shutil.rmtree(t.folder, ignore_errors=True)
                 self.status(t.id, OtaState.PROBATION, model=t.ref, done=t.total, total=t.total, detail=result)
             self.completed += 1
-            shutil.rmtree(t.folder, ignore_errors=True)
         except EdgedError as exc:
             if t.cancelled.is_set() and not swapping:  # failed as the cancel came (its deadline, say): cancelled
                 self._drop_cancelled(t)
@@ -371,11 +404,11 @@ class OtaReceiver:
             # what arrived is kept: the same package offered again resumes
             stalled = exc.code in (Code.STALLED, Code.DOWNLOAD_FAILED)
             detail = self._shadow_detail.pop(t.id, None)  # a shadow's verdict: its figures
+            if not stalled:  # gone before the status says so: whoever reads it finds the device as it was
+                shutil.rmtree(t.folder, ignore_errors=True)
             self.status(t.id, OtaState.FAILED if stalled else OtaState.REJECTED, model=t.ref, error=exc, detail=detail)
             if not swapping:
                 self._installer.rejected(t.ref, exc, t.id)
-            if not stalled:
-                shutil.rmtree(t.folder, ignore_errors=True)
         except Exception as exc:  # a thread boundary: report it, keep what arrived for a resume
             logger.exception("ota: transfer %s failed", t.id)
             failure = EdgedError(f"{type(exc).__name__}: {exc}", code=Code.FAILED)
