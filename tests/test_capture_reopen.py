@@ -34,8 +34,14 @@ pytestmark = pytest.mark.skipif(not gst.available(), reason=f"GStreamer capture 
 WARM_UP = 5  # opens before the baseline: the first ones load plugins and fill GStreamer's and glibc's caches
 MAX_FDS = 3  # what the process may gain over all the reopens (a leak was 4 per reopen)
 MAX_TASKS = 3  # native threads (/proc/self/task), at their peak between opens
-MAX_RSS_MB = 45.0  # a leak was 1.5-4 MB per reopen; what the allocator and GStreamer's caches take early (below)
-MAX_LATE_RSS_MB = 20.0  # the second half of the reopens: a leak grows with every reopen, a cache stops growing
+# RSS: a leak was 1.5-4 MB per reopen. What glibc's arenas and GStreamer's caches take is not a leak but is not
+# small either, and it is noisy: 400 RTSP reopens with a server restart every ten, in one fresh process, RSS read
+# every 50 after a 5-open warm-up: +22, 26, 37, 27, 46, 47, 47, 29 MB (frames as views of GStreamer's buffers),
+# +18, 20, 20, 20, 20, 31, 31, 31 MB (copied out); in a CI worker that had run daemon fleets before, +42 then +55 over
+# 300. So the bounds scale with the reopens: the whole run may grow what caches take, the late half (where a
+# leak keeps growing and a cache has stopped) less; the 300-reopen variants catch a leak of ~0.3 MB per reopen.
+MAX_RSS_MB = {40: 45.0, 50: 45.0, 300: 100.0}  # the whole run's growth, by reopens
+MAX_LATE_RSS_MB = {40: 20.0, 50: 20.0, 300: 40.0}  # the second half's
 
 
 @dataclass(frozen=True)
@@ -73,8 +79,7 @@ def check_flat(run: Callable[[int, Meter], None], opens: int) -> None:
     """`run(n, meter)` reopens a camera n times: WARM_UP times first, then `opens` times in two halves; what the
     process holds after them must be what it held after the warm-up, within the bounds, and the second half
     must add little RSS. The allocator's arenas and GStreamer's caches grow over the first hundred or so
-    reopens and then stop (500 RTSP reopens with a server restart every ten, RSS read every 50 in one
-    process: +19, 27, 31, 28, 28, 28, 28, 25, 32, 32 MB): the late half tells a leak from a cache."""
+    reopens and then stop, noisily (the figures at MAX_RSS_MB): the late half tells a leak from a cache."""
     warm, meter = Meter(), Meter()
     run(WARM_UP, warm)
     before = Usage.now()
@@ -90,8 +95,8 @@ def check_flat(run: Callable[[int, Meter], None], opens: int) -> None:
     print(f"\n{growth}")
     assert after.fds - before.fds <= MAX_FDS, growth
     assert meter.peak_tasks - warm.peak_tasks <= MAX_TASKS and after.threads <= before.threads, growth
-    assert after.rss_mb - before.rss_mb <= MAX_RSS_MB, growth
-    assert after.rss_mb - mid.rss_mb <= MAX_LATE_RSS_MB, growth
+    assert after.rss_mb - before.rss_mb <= MAX_RSS_MB[opens], growth
+    assert after.rss_mb - mid.rss_mb <= MAX_LATE_RSS_MB[opens], growth
 
 
 @pytest.fixture(scope="module")
