@@ -352,3 +352,50 @@ def test_an_events_crop_is_cut_from_the_frame_its_box_was_found_in() -> None:
     finally:
         stop.set()
         cam.join(10)
+
+
+class Viewed(Numbered):
+    """A source whose frames are read-only views of memory it keeps (as GStreamer's mapped buffers are)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[bytes] = []
+
+    def read(self) -> np.ndarray:
+        frame = super().read()
+        self.held.append(frame.tobytes())  # the frames' memory, kept by the source as a pool keeps it
+        return np.frombuffer(self.held[-1], np.uint8).reshape(frame.shape)
+
+
+@pytest.mark.parametrize("source", [Numbered, Viewed])
+def test_frames_kept_for_crops_are_copied_only_when_they_are_views(source: type[Numbered]) -> None:
+    """Frames kept for crops: a view of a buffer the source owns is copied (a small pool is never drained by
+    frames held here); a frame that owns its memory (OpenCV's, a decoded JPEG's) is kept as read, no copy."""
+    cfg = CameraConfig(name="cam", uri="synthetic://", detection=CameraDetectionConfig(snapshot_kb=16))
+    cond, stop = threading.Condition(), threading.Event()
+    read: list[np.ndarray] = []
+    src = source()
+    real_read = src.read
+    gate = threading.Event()  # five frames, then the source holds its sixth until the test ends
+
+    def reading() -> np.ndarray:
+        if len(read) == 5:
+            gate.wait(30)
+        read.append(real_read())
+        return read[-1]
+
+    src.read = reading  # type: ignore[method-assign]
+    cam = Camera(cfg, Preprocessor(SPEC), cond, stop, opener=lambda _c: src)
+    cam.keep_taken = True
+    cam.start()
+    try:
+        meta = take(cam, cond)
+        kept = cam._taken[meta.seq][0]
+        original = next(f for f in read if int(f[0, 0, 0]) == level(meta.seq))
+        assert np.array_equal(kept, original)
+        assert (kept is original) == (source is Numbered), "owned frames kept as read, views copied"
+        assert np.shares_memory(kept, original) == (source is Numbered)
+    finally:
+        stop.set()
+        gate.set()
+        cam.join(10)

@@ -496,11 +496,8 @@ class Camera:
                 self._segment,
                 self._segment_reason,
             )
-            # A frame from a GStreamer pipeline is a view of its buffer, which goes back to its pool when the
-            # view is gone: the newest one is kept as it is, those kept for crops (up to 3 + TAKEN_KEPT) are
-            # copies, so a pipeline whose pool is small never waits on buffers held here.
             self._last = (frame, src_size)
-            self._raw[idx] = (frame.copy(), src_size) if self.keep_taken else None
+            self._raw[idx] = (_owned(frame), src_size) if self.keep_taken else None
             self._ready = idx
             self.stats.frames += 1
             self.cond.notify_all()
@@ -515,6 +512,13 @@ def _may_tap(cfg: CameraConfig) -> bool:
         return use_gstreamer(cfg)
     except CaptureError:  # backend: gstreamer where it does not load: the camera itself says so when it opens
         return False
+
+
+def _owned(frame: np.ndarray) -> np.ndarray:
+    """A frame kept for crops (up to 3 + TAKEN_KEPT per camera): a view of a GStreamer buffer is copied, so
+    a pipeline whose pool is small never waits on buffers held here (the newest frame stays a view); a frame
+    that owns its memory (OpenCV's, a decoded JPEG's: a new array per read) is kept as it is."""
+    return frame if frame.flags.owndata else frame.copy()
 
 
 def _bgr(frame: np.ndarray) -> np.ndarray:
