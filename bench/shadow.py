@@ -15,7 +15,10 @@ repeat starts a fresh daemon and measures a window without shadow, then one whil
               interval (median gap between the daemon's batches). Goal: p99 grows by at most one interval
 
 Medians over --repeats, each repeat's windows back to back, so the machine's load (other processes)
-hits both alike as far as it can. The machine, and whatever else ran on it, is printed and kept.
+hits both alike as far as it can. Also kept: the candidate's hold on serving (``hold_ms`` of its report: the
+wall time of one candidate batch, which a serving batch may wait behind; p50 and max). The machine's load
+average is read at the start, at each window and at the end, and the result's `note` says from those figures
+whether the machine was quiet or shared (this benchmark's own daemon and pusher count for up to OWN_LOAD).
 
     python bench/shadow.py [--seconds 20] [--repeats 3] [--out bench/results/shadow.json]
 """
@@ -43,6 +46,8 @@ DEVICE = "bench-01"
 LATENCY_FPS = 5.0  # each camera's rate in the latency windows: well under what the loaded machine serves
 REPORT_EVERY_S = 5.0  # about how often a device publishes its running report (protocol/shadow.py's device)
 BATCH_GAP_S = 0.003  # results made closer than this came from one batch
+OWN_LOAD = 1.5  # what this benchmark adds to the load average itself: a saturated daemon (1 thread) and its pusher
+QUIET_PER_CORE = 0.5  # a load average under this per core besides our own: nothing else to speak of was running
 
 
 class Recorder:
@@ -84,9 +89,11 @@ class Recorder:
             doc = self.shadow
         return int(doc.get("totals", {}).get("frames") or 0), int(doc.get("evidence", {}).get("skipped") or 0)
 
-    def window(self, seconds: float) -> list[tuple[float, float, dict[str, Any]]]:
+    def window(self, seconds: float, loads: list[float]) -> list[tuple[float, float, dict[str, Any]]]:
+        """The results that arrived in the next `seconds`; the 1-minute load average at its end into `loads`."""
         start = time.monotonic()
         time.sleep(seconds)
+        loads.append(os.getloadavg()[0])
         with self.lock:
             return [r for r in self.results if start <= r[0] < start + seconds]
 
@@ -119,8 +126,30 @@ def figures(window: list[tuple[float, float, dict[str, Any]]], seconds: float) -
     }
 
 
+def machine_note(cores: int, start: float, windows: list[float], end: float) -> str:
+    """Whether the machine was quiet or shared, from its load average: before the benchmark ran (`start`) and at
+    the end of each window (`windows`, this benchmark's own load in them up to OWN_LOAD)."""
+    most = max(windows, default=end)
+    quiet = QUIET_PER_CORE * cores
+    during = f"{min(windows):.1f}-{most:.1f} at the windows' ends" if windows else "none read during the windows"
+    figures = f"load average {start:.1f} at the start, {during}, {end:.1f} at the end, on {cores} cores"
+    if start < quiet and most <= OWN_LOAD + quiet:
+        return f"{figures}: quiet (nothing to speak of ran beside this benchmark's own daemon)"
+    others = max(start, most - OWN_LOAD)
+    return (
+        f"{figures}: shared (other work added about {others:.1f} to the load): "
+        "read the ratios measured side by side, not the absolute rates"
+    )
+
+
+def hold_figures(report: dict[str, Any]) -> dict[str, float | None]:
+    """The candidate's hold on serving in a report: one candidate batch's wall time, p50 and max (ms)."""
+    hold = report.get("hold_ms") or {}
+    return {"p50": hold.get("p50"), "max": hold.get("max"), "batches": hold.get("batches")}
+
+
 def run_once(
-    rig: PackageRig, mode: str, seconds: float, rep: int
+    rig: PackageRig, mode: str, seconds: float, rep: int, loads: list[float]
 ) -> tuple[dict[str, float], dict[str, float], dict[str, Any]]:
     """One daemon: a window without shadow, then one while it shadows. (without, with, the report then)."""
     work, broker, demo = rig.work, rig.broker, rig.demo
@@ -159,7 +188,7 @@ def run_once(
                 raise SystemExit(f"the daemon did not serve: {(work / f'daemon-{mode}-{rep}.log').read_text()[-2000:]}")
             time.sleep(0.2)
         time.sleep(3)  # past the first batches' warm-up
-        without = figures(rec.window(seconds), seconds)
+        without = figures(rec.window(seconds, loads), seconds)
         pushed_at = time.time()
         push_log = open(work / f"push-{mode}-{rep}.log", "wb")  # noqa: SIM115
         pusher = subprocess.Popen(
@@ -191,7 +220,7 @@ def run_once(
                 )
             time.sleep(0.2)
         frames0, skipped0 = rec.shadow_counts()
-        with_shadow = figures(rec.window(seconds), seconds)
+        with_shadow = figures(rec.window(seconds, loads), seconds)
         time.sleep(REPORT_EVERY_S)  # the report that covers the window's end
         frames1, skipped1 = rec.shadow_counts()
         with_shadow["candidate_frames_per_s"] = (frames1 - frames0) / (seconds + REPORT_EVERY_S)
@@ -212,10 +241,14 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20.0, help="each window")
     args = ap.parse_args()
     rig = PackageRig("edged-bench-shadow-")
-    load = os.getloadavg()
+    cores = os.cpu_count() or 1
+    load_start = os.getloadavg()[0]
+    loads: list[float] = []  # at each window's end
+    print(f"machine: {platform.machine()}, {cores} cores, load average {load_start:.1f} at the start", flush=True)
     out: dict[str, Any] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average {load[0]:.1f} at the start",
-        "note": "the machine was shared with other engineers' test runs (daemons, brokers) while this ran",
+        "machine": f"{platform.machine()}, {cores} cores",
+        "note": "",  # from the load average, at the end (`machine_note`)
+        "load_average_start": round(load_start, 1),
         "seconds": args.seconds,
         "repeats": args.repeats,
         "sample_fps": 1.0,
@@ -223,9 +256,12 @@ def main() -> int:
     try:
         for mode in ("throughput", "latency"):
             rows = []
+            holds = []
             for rep in range(args.repeats):
-                without, with_shadow, report = run_once(rig, mode, args.seconds, rep)
+                without, with_shadow, report = run_once(rig, mode, args.seconds, rep, loads)
                 rows.append((without, with_shadow))
+                hold = hold_figures(report)
+                holds.append(hold)
                 totals = report.get("totals", {})
                 print(
                     f"{mode} #{rep + 1}: {without['results_per_s']:.1f} -> {with_shadow['results_per_s']:.1f} "
@@ -233,7 +269,8 @@ def main() -> int:
                     f"{without['batch_interval_ms']:.0f} ms; the candidate ran "
                     f"{with_shadow['candidate_frames_per_s']:.2f} frames/s (skipped "
                     f"{with_shadow['candidate_skipped_per_s']:.2f}/s); shadow {totals.get('frames')} frames, "
-                    f"agreement {totals.get('agreement')}",
+                    f"agreement {totals.get('agreement')}; hold p50 {hold['p50']} / max {hold['max']} ms over "
+                    f"{hold['batches']} candidate batches; load average {loads[-2]:.1f}, {loads[-1]:.1f}",
                     flush=True,
                 )
             med: dict[str, Any] = {
@@ -251,10 +288,20 @@ def main() -> int:
             med["p99_growth_in_batch_intervals"] = round(
                 statistics.median((s["p99_ms"] - w["p99_ms"]) / w["batch_interval_ms"] for w, s in rows), 2
             )
+            p50s = [h["p50"] for h in holds if h["p50"] is not None]
+            maxes = [h["max"] for h in holds if h["max"] is not None]
+            med["hold_ms"] = {  # over the repeats: the median of each report's p50, the largest max
+                "p50": round(statistics.median(p50s), 1) if p50s else None,
+                "max": round(max(maxes), 1) if maxes else None,
+                "per_repeat": holds,
+            }
             out[mode] = med
     finally:
         rig.close()
-    out["load_average_end"] = round(os.getloadavg()[0], 1)
+    load_end = os.getloadavg()[0]
+    out["load_average_end"] = round(load_end, 1)
+    out["load_average_windows"] = [round(v, 1) for v in loads]
+    out["note"] = machine_note(cores, load_start, loads, load_end)
     write_results(out, args.out)
     return 0
 

@@ -151,7 +151,9 @@ def add_shadow_flags(push: argparse.ArgumentParser) -> None:
         "(figures: agreement, recall, precision >= a share; latency, score_shift <= a bound)",
     )
     g.add_argument("--min-frames", type=int, metavar="N", help="frames evaluated before a verdict")
-    g.add_argument("--min-detections", type=int, metavar="N", help="detections (either model's) before a verdict")
+    g.add_argument(
+        "--min-detections", type=int, metavar="N", help="detections (either model's) before a verdict; at least 1"
+    )
     g.add_argument("--min-s", type=float, metavar="S", help="seconds of evaluation before a verdict")
     g.add_argument("--max-s", type=float, metavar="S", help="without the evidence by then: no_evidence (rejected)")
     g.add_argument("-v", "--verbose", action="store_true", help="show each camera's shadow figures too")

@@ -144,6 +144,7 @@ class Probe(Collector):
         shadow = p.models.shadow  # a candidate evaluated beside the serving model (lifecycle/shadow.py)
         yield _gauge("edged_shadow_running", "1 while a candidate shadows the serving model", shadow is not None)
         yield _counter("edged_shadow_errors", "a shadowed candidate's failures", st.shadow_errors)
+        yield shadow_verdicts(p.models.shadow_verdicts.counts())
         for key, value in (shadow.gauges() if shadow is not None else {}).items():
             yield _gauge(f"edged_shadow_{key}", f"the running shadow evaluation: {key} (…/shadow)", value)
         yield from self._mqtt()
@@ -267,6 +268,20 @@ class Probe(Collector):
 
 def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, text, value=float(value))
+
+
+def shadow_verdicts(counts: dict[str, int]) -> CounterMetricFamily:
+    """``edged_shadow_verdicts_total{verdict=…}``: shadow evaluations ended, by verdict (lifecycle/shadow.py
+    `Verdicts`), every verdict present from the start."""
+    family = CounterMetricFamily(
+        "edged_shadow_verdicts",
+        "shadow evaluations ended, by verdict: passed (swapped in), failed (model_rejected), no_evidence "
+        "(too little, or no detection at all), refused (never shadowed: over_budget, another model, a load failure)",
+        labels=["verdict"],
+    )
+    for verdict, n in counts.items():
+        family.add_metric([verdict], float(n))
+    return family
 
 
 def _counter(name: str, text: str, value: float) -> CounterMetricFamily:

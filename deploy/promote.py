@@ -61,7 +61,8 @@ def shadow_ask(
         try:
             ShadowAsk.model_validate({name: value, **alone})
         except ValidationError as exc:
-            raise ValueError(f"--{name.replace('_', '-')} {value}: {exc.errors()[0]['msg']}") from None
+            msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            raise ValueError(f"--{name.replace('_', '-')} {value}: {msg}") from None
     ask = DEFAULTS.model_copy(update=fields)  # validated just above, field by field
     if ask.min_s > ask.max_s:
         raise ValueError(f"--min-s {ask.min_s:g} is over --max-s {ask.max_s:g}")

@@ -10,7 +10,7 @@
 Thresholds name a figure of the report's totals and a bound: ``agreement>=0.95`` (a floor) or
 ``latency<=1.5`` (a ceiling). The figures:
 
-    agreement   matched / max(serving detections, candidate detections)   (1.0 when both are empty)
+    agreement   matched / max(serving detections, candidate detections)   (1.0 when both are empty: vacuous)
     recall      matched / serving detections      (the candidate finds what the serving model finds)
     precision   matched / candidate detections    (what the candidate finds, the serving model finds too)
     latency     candidate cost per image / serving cost per image (the ratio, 1.0 = as fast)
@@ -18,6 +18,11 @@ Thresholds name a figure of the report's totals and a bound: ``agreement>=0.95``
 
 A matched pair is one serving and one candidate detection of the same label whose boxes overlap by at least
 the report's IoU (0.5), paired greedily by IoU.
+
+The verdict (`judgement`), once the ask's evidence is in: ``failed`` when a figure is out of its bound;
+``no_evidence`` when neither model detected anything (agreement 1.0 on nothing proves nothing), or when a
+threshold's figure is undefined and none failed (``recall`` with no serving detection); ``passed`` only when
+every threshold has its figure, in bounds. An ask needs at least one detection (``min_detections >= 1``).
 """
 
 from __future__ import annotations
@@ -93,14 +98,14 @@ class ShadowAsk(BaseModel):
 
     `sample_fps` frames per second per camera are run through the candidate (on frames the serving model
     inferred); the verdict comes once `min_frames` frames, `min_detections` detections (serving or candidate,
-    the larger) and `min_s` seconds are in; without that evidence by `max_s` the verdict is ``no_evidence``
-    (never a pass)."""
+    the larger; at least 1) and `min_s` seconds are in; without that evidence by `max_s` the verdict is
+    ``no_evidence`` (never a pass), as it is when the evidence holds no detection at all (`judgement`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     sample_fps: float = Field(1.0, gt=0.0, le=MAX_SAMPLE_FPS)
     promote_if: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_PROMOTE_IF))
     min_frames: int = Field(100, ge=1)
-    min_detections: int = Field(30, ge=0)
+    min_detections: int = Field(30, ge=1)  # 0 refused in words (`_some_detections`)
     min_s: float = Field(20.0, ge=0.0)
     max_s: float = Field(900.0, gt=0.0, le=7 * 86400.0)
 
@@ -114,6 +119,16 @@ class ShadowAsk(BaseModel):
             seen[name] = _checked(name, ">=" if FIGURES.get(name) == "ge" else "<=", float(v), seen)
         return seen
 
+    @field_validator("min_detections", mode="before")
+    @classmethod
+    def _some_detections(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError(
+                f"{value} is under 1: a verdict needs detections (either model's); a scene where neither model "
+                "detects anything gives no evidence"
+            )
+        return value
+
     @model_validator(mode="after")
     def _window(self) -> ShadowAsk:
         if self.min_s > self.max_s:
@@ -126,19 +141,49 @@ class ShadowAsk(BaseModel):
 
 
 def verdict(totals: dict[str, Any], thresholds: dict[str, float]) -> list[str]:
-    """The thresholds a report's totals fail, one sentence each (empty: it passes). A figure the totals lack
-    (no serving detections for recall) fails."""
+    """The thresholds whose figure the totals have and which it fails, one sentence each. A figure the totals
+    lack (no serving detections for recall) fails nothing here: `judgement` makes it no evidence."""
     reasons = []
     for name, bound in thresholds.items():
-        key = "latency_ratio" if name == "latency" else name
-        value = totals.get(key)
+        value = totals.get(_key(name))
         if value is None:
-            reasons.append(f"{name}: no figure")
-        elif FIGURES[name] == "ge" and value < bound:
+            continue
+        if FIGURES[name] == "ge" and value < bound:
             reasons.append(f"{name} {value:.3f} < {bound:g}")
         elif FIGURES[name] == "le" and value > bound:
             reasons.append(f"{name} {value:.3f} > {bound:g}")
     return reasons
+
+
+# why a figure has no value (`Tally.figures`): said in a no_evidence report's reasons
+_UNDEFINED = {
+    "agreement": "no frame evaluated",
+    "recall": "the serving model detected nothing",
+    "precision": "the candidate detected nothing",
+    "latency": "no timing of both models",
+    "score_shift": "no matched pair",
+}
+
+
+def judgement(totals: dict[str, Any], thresholds: dict[str, float]) -> tuple[str, list[str]]:
+    """The verdict on a report's totals once the ask's evidence is in: ("failed", the bounds failed) when a
+    figure is out of its bound; ("no_evidence", why) when neither model detected anything, or when a threshold's
+    figure is undefined and none failed; ("passed", []) only when every threshold has its figure, in bounds."""
+    if not totals.get("serving_detections") and not totals.get("candidate_detections"):
+        frames = totals.get("frames", 0)
+        return "no_evidence", [f"neither model detected anything in {frames} frames: no evidence either way"]
+    failed = verdict(totals, thresholds)
+    if failed:
+        return "failed", failed
+    missing = [f"{name}: no figure ({_UNDEFINED[name]})" for name in thresholds if totals.get(_key(name)) is None]
+    if missing:
+        return "no_evidence", missing
+    return "passed", []
+
+
+def _key(name: str) -> str:
+    """A threshold's figure as the totals name it."""
+    return "latency_ratio" if name == "latency" else name
 
 
 def report_doc(

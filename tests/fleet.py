@@ -64,12 +64,16 @@ def fleet(
     names: list[str],
     version: int = 1,
     empty: frozenset[str] = frozenset(),
+    wrong_mean: frozenset[str] = frozenset(),
 ) -> dict[str, Path]:
     """Device configs in group dock, `version` installed, short probation, a slow frame rate. Each device's
     camera is the demo video (faces), or for the devices named in `empty` a synthetic test pattern (no face,
-    so no shadow evidence)."""
+    so no shadow evidence). The devices named in `wrong_mean` serve `version` built with a wrong `mean` in its
+    manifest (`wrong_mean_build`: false faces, the real ones missed), so a correct candidate disagrees with
+    what they serve."""
     cfgs = {}
     v1 = build(demo, tmp, signer, version)
+    v1_wrong = wrong_mean_build(demo, tmp, signer, version) if wrong_mean else None
     video = fleet_video(demo, tmp)
     for dev in names:
         doc = device_doc(broker, demo, tmp, dev, probation_s=3, probation_batches=10, probation_latency_ratio=3)
@@ -81,8 +85,20 @@ def fleet(
             cam.pop("loop", None)
             cam["uri"] = "synthetic://?width=640&height=360"
         cfgs[dev] = write_config(tmp / f"{dev}.yaml", doc)
-    install_all(cfgs.values(), v1)
+    install_all([cfg for dev, cfg in cfgs.items() if dev not in wrong_mean], v1)
+    if v1_wrong is not None:
+        install_all([cfgs[dev] for dev in wrong_mean], v1_wrong)
     return cfgs
+
+
+WRONG_MEAN = [255.0, 255.0, 255.0]  # what a manifest with a preprocessing mistake says (the model wants 127.5)
+
+
+def wrong_mean_build(demo: DemoAssets, tmp: Path, signer: SigningKey, version: int) -> Path:
+    """The demo model as `version`, its manifest's `mean` WRONG_MEAN: on the demo video it sees several times
+    the faces the correct one sees, nearly none of them the same (tests/test_shadow_runner.py measures it)."""
+    spec = demo.packages[MODEL].manifest.input.model_dump(by_alias=True, exclude_none=True)
+    return build(demo, tmp, signer, version, input={**spec, "mean": WRONG_MEAN})
 
 
 def push_cmd(broker: Broker, *args: str) -> list[str]:

@@ -1,6 +1,7 @@
 """Shadow evaluation (issue 29 items 1-2, the device side), the pure parts on values: detections matched by
 label and IoU (daemon/lifecycle/agreement.py) with hand-made boxes of known overlap, the figures and the
-verdict they give, the thresholds' grammar and the report's schema (protocol/shadow.py)."""
+verdict they give (no detection, or a threshold's figure undefined: no evidence, never a pass nor a failure), the
+thresholds' grammar, the report's schema (protocol/shadow.py), and the verdicts' counter as /metrics renders it."""
 
 from __future__ import annotations
 
@@ -9,15 +10,26 @@ from typing import Any
 
 import jsonschema
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from edged.daemon.decoders import Detection
+from edged.daemon.health import shadow_verdicts
 from edged.daemon.lifecycle.admission import shadow_fits
 from edged.daemon.lifecycle.agreement import MISSED, NONE, Tally, iou, pairs
+from edged.daemon.lifecycle.shadow import Verdicts
 from edged.errors import Code, SwapError
 from edged.protocol.ota import OfferArgs, offer_args, offer_payload
 from edged.protocol.schemas import SHADOW_SCHEMA, schema
-from edged.protocol.shadow import DEFAULT_PROMOTE_IF, ShadowAsk, parse_promote_if, report_doc, verdict
+from edged.protocol.shadow import (
+    DEFAULT_PROMOTE_IF,
+    ShadowAsk,
+    judgement,
+    parse_promote_if,
+    report_doc,
+    verdict,
+)
 
 EVIDENCE = dict(frames=1, detections=1, elapsed_s=0.5, min_frames=1, min_detections=1, min_s=0, max_s=900, skipped=0)
 
@@ -79,6 +91,8 @@ def test_tally_figures_on_values() -> None:
     assert fig["latency_ratio"] == pytest.approx(1.5)
     assert verdict(fig, {"agreement": 0.3, "latency": 1.5}) == []
     assert verdict(fig, {"recall": 0.95, "latency": 1.2}) == ["recall 0.333 < 0.95", "latency 1.500 > 1.2"]
+    assert judgement(fig, {"agreement": 0.3, "latency": 1.5}) == ("passed", [])
+    assert judgement(fig, {"recall": 0.95}) == ("failed", ["recall 0.333 < 0.95"])
 
 
 def test_identical_detections_agree_fully_and_empty_frames_give_no_figures() -> None:
@@ -93,7 +107,33 @@ def test_identical_detections_agree_fully_and_empty_frames_give_no_figures() -> 
     empty.add([], [])
     fig = empty.figures()
     assert fig["recall"] is None and fig["precision"] is None and fig["latency_ratio"] is None
-    assert verdict(fig, {"recall": 0.5}) == ["recall: no figure"]  # nothing to judge on is never a pass
+    assert verdict(fig, {"recall": 0.5}) == []  # no figure: nothing out of bounds, and nothing to pass on
+
+
+def test_no_detection_or_an_undefined_figure_is_no_evidence_never_a_pass_nor_a_failure() -> None:
+    dark = Tally()
+    for _ in range(40):
+        dark.add([], [])
+    dark.serving_ms.append(5.0)
+    dark.candidate_ms.append(5.0)
+    fig = dark.figures()
+    assert fig["agreement"] == 1.0 and fig["latency_ratio"] == 1.0  # vacuous figures, defined
+    why = ["neither model detected anything in 40 frames: no evidence either way"]
+    assert judgement(fig, {"agreement": 0.95, "latency": 1.5}) == ("no_evidence", why)  # was: passed
+    assert judgement(fig, DEFAULT_PROMOTE_IF) == ("no_evidence", why)  # was: failed (model_rejected, marked bad)
+    # the serving model sees nothing, the candidate 3 boxes: recall has no figure
+    ghost = Tally()
+    ghost.add([], [det("face", (0, 0, 10, 10)), det("face", (20, 0, 30, 10))])
+    ghost.add([], [det("face", (0, 0, 10, 10))])
+    fig = ghost.figures()
+    assert fig["recall"] is None and fig["precision"] == 0.0 and fig["agreement"] == 0.0
+    assert judgement(fig, {"recall": 0.9}) == (
+        "no_evidence",
+        ["recall: no figure (the serving model detected nothing)"],
+    )
+    # a figure that is there and fails decides it: the candidate's 3 boxes that the serving model lacks
+    assert judgement(fig, {"recall": 0.9, "precision": 0.9}) == ("failed", ["precision 0.000 < 0.9"])
+    assert judgement(fig, {"score_shift": 0.1}) == ("no_evidence", ["score_shift: no figure (no matched pair)"])
 
 
 def test_merged_tallies_are_the_sum_of_the_cameras() -> None:
@@ -144,6 +184,9 @@ def test_the_ask_on_the_wire_defaults_and_bounds() -> None:
         ShadowAsk(min_s=100, max_s=10)
     with pytest.raises(ValidationError):
         ShadowAsk(sample_fps=0)
+    with pytest.raises(ValidationError, match=r"0 is under 1: a verdict needs detections"):
+        ShadowAsk(min_detections=0)
+    assert ShadowAsk(min_detections=1).min_detections == 1
     args = offer_args("t1", b"{}", b"sig", shadow=ShadowAsk(sample_fps=2, promote_if={"recall": 0.9}))
     back = OfferArgs.model_validate_json(offer_payload(args))
     assert back.shadow is not None and back.shadow.sample_fps == 2 and back.shadow.promote_if == {"recall": 0.9}
@@ -183,3 +226,31 @@ def _kw(doc: dict[str, Any], ask: ShadowAsk) -> dict[str, Any]:
     keys = ("device", "transfer", "state", "started", "totals", "per_camera", "memory_mb", "evidence", "reasons")
     kw = {k: doc[k] for k in keys}
     return {**kw, "serving": ("faces", 1), "candidate": ("faces", 2), "ask": ask}
+
+
+def test_the_verdicts_counter_as_metrics_renders_it() -> None:
+    verdicts = Verdicts()
+    for v in ("passed", "failed", "failed", "no_evidence"):
+        verdicts.count(v)
+    with pytest.raises(ValueError, match="shadow verdict 'stopped'"):
+        verdicts.count("stopped")
+
+    class Collector:
+        def collect(self) -> Any:
+            yield shadow_verdicts(verdicts.counts())
+
+    registry = CollectorRegistry()
+    registry.register(Collector())
+    text = generate_latest(registry).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert {k: v for k, v in samples.items() if k[0] == "edged_shadow_verdicts_total"} == {
+        ("edged_shadow_verdicts_total", (("verdict", "passed"),)): 1.0,
+        ("edged_shadow_verdicts_total", (("verdict", "failed"),)): 2.0,
+        ("edged_shadow_verdicts_total", (("verdict", "no_evidence"),)): 1.0,
+        ("edged_shadow_verdicts_total", (("verdict", "refused"),)): 0.0,
+    }
+    assert "# TYPE edged_shadow_verdicts_total counter" in text and "refused (never shadowed: over_budget" in text

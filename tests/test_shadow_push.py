@@ -35,7 +35,7 @@ from edged.protocol import topics
 from edged.protocol.commands import reply_doc
 from edged.protocol.ota import ModelRef, OfferArgs, OtaState, status_doc
 from edged.protocol.schemas import SHADOW_SCHEMA, schema
-from edged.protocol.shadow import DEFAULT_PROMOTE_IF, ShadowAsk, report_doc, verdict
+from edged.protocol.shadow import DEFAULT_PROMOTE_IF, ShadowAsk, judgement, report_doc
 from tests.conftest import REPO, Broker, free_port
 from tests.test_ota import build
 
@@ -141,8 +141,7 @@ class WireDevice:
                         state = "no_evidence"
                         reasons = [f"{detections} detection(s) of {ask.min_detections} needed by max_s"]
                     else:
-                        reasons = verdict(totals, ask.promote_if)
-                        state = "failed" if reasons else "passed"
+                        state, reasons = judgement(totals, ask.promote_if)
                 doc = report_doc(
                     device=self.device,
                     transfer=args.transfer,
@@ -228,6 +227,8 @@ def test_the_flags_make_the_ask_on_values() -> None:
         shadow_ask(min_frames=0)
     with pytest.raises(ValueError, match="--min-s 30 is over --max-s 10"):
         shadow_ask(min_s=30, max_s=10)
+    with pytest.raises(ValueError, match=r"^--min-detections 0: 0 is under 1: a verdict needs detections"):
+        shadow_ask(min_detections=0)  # a dark scene would pass on agreement 1.0, or be rejected on no figure
 
 
 def test_a_bad_promote_if_is_a_usage_error_that_names_the_term(tmp_path: Path) -> None:
@@ -259,6 +260,14 @@ def test_a_bad_promote_if_is_a_usage_error_that_names_the_term(tmp_path: Path) -
         timeout=60,
     )
     assert r.returncode == 2 and "--min-frames needs --shadow" in r.stderr, r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "edged", "push", tar, "--device", "d1", "--shadow", "--min-detections", "0"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "--min-detections 0: 0 is under 1" in r.stderr, r.stderr
     r = subprocess.run(
         [sys.executable, "-m", "edged", "push", "--resume", str(tmp_path / "r.json"), "--shadow"],
         capture_output=True,

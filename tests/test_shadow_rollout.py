@@ -5,7 +5,8 @@ before the next wave, names each failed device with its figures and keeps them i
 Two fleets: twelve `WireDevice`s (tests/test_shadow_push.py: the device's half of the contract spoken with
 edged.protocol's builders over a real mosquitto, told their figures) for the rollout's own logic at the size
 the issue names, cheaply; and real daemons on the demo model, each evaluating the candidate on its own
-camera, for the whole path."""
+camera, for the whole path: in the default set a first wave where one device fails on its figures (it serves a
+version with a wrong `mean`, so the correct candidate disagrees with it) and one finds no evidence."""
 
 from __future__ import annotations
 
@@ -151,11 +152,15 @@ def shadow_rollout_aborts(
     subscribe: Callable[..., Subscriber],
     max_s: int = 30,
 ) -> None:
-    """v2 (the same model: it agrees wherever there are faces) rolled out with --shadow: the first wave's
-    devices with an empty scene end no_evidence, over `max_failures`: the rollout aborts before the next wave,
-    names them with their figures, the video devices of the first wave were promoted (agreement >= 0.99)."""
+    """v2 (the same model: it agrees wherever there are faces) rolled out with --shadow, a scene per device:
+    ``video`` (the demo video), ``empty`` (no face) or ``wrong`` (the demo video, served by a v1 with a wrong
+    `mean`). The first wave's ``empty`` devices end no_evidence and its ``wrong`` ones failed on their figures
+    (model_rejected: the correct candidate disagrees with what serves), over `max_failures`: the rollout aborts
+    before the next wave, names them with their figures; the ``video`` devices of the first wave were promoted
+    (agreement >= 0.99)."""
     names = list(scenes)
-    cfgs = fleet(broker, demo, tmp, signer, names, empty=frozenset(d for d, s in scenes.items() if s == "empty"))
+    of = {kind: frozenset(d for d, s in scenes.items() if s == kind) for kind in ("empty", "wrong")}
+    cfgs = fleet(broker, demo, tmp, signer, names, empty=of["empty"], wrong_mean=of["wrong"])
     sub = subscribe(broker, "edged/#")
     daemons = {dev: start_daemon(cfgs[dev]) for dev in names}
     wait_fleet_serving(list(daemons.values()))
@@ -176,8 +181,10 @@ def shadow_rollout_aborts(
     doc = json.loads(state.read_text())
     first, rest = doc["plan"][0], [d for w in doc["plan"][1:] for d in w]
     empty = [d for d in first if scenes[d] == "empty"]
+    wrong = [d for d in first if scenes[d] == "wrong"]
     video = [d for d in first if scenes[d] == "video"]
-    assert len(empty) > max_failures and video and rest, doc["plan"]
+    assert len(empty) + len(wrong) > max_failures and video and rest, doc["plan"]
+    assert [d for d in rest if scenes[d] != "video"] == [], doc["plan"]  # the failures are all in the first wave
     (abort,) = [line for line in text.splitlines() if "ABORTED after wave 1/" in line]
     assert f"{len(rest)} device(s) left untouched" in abort, abort
     out = doc["outcomes"]
@@ -187,6 +194,16 @@ def shadow_rollout_aborts(
         shadow = out[dev]["shadow"]
         assert shadow["state"] == "no_evidence" and shadow["reasons"], shadow  # frames may be 0: a starved candidate
         assert shadow["totals"]["serving_detections"] == 0 and shadow["totals"]["candidate_detections"] == 0, shadow
+        assert current(tmp, dev) == 1, dev  # never served
+    for dev in wrong:  # named, with the figures it failed on: the faces v1 (wrong mean) sees, v2 does not
+        shadow = out[dev]["shadow"]
+        assert out[dev]["state"] == "rejected" and out[dev]["error"].startswith("model_rejected"), out[dev]
+        assert shadow["state"] == "failed", shadow
+        totals = shadow["totals"]
+        assert totals["serving_detections"] >= 5 and totals["agreement"] < 0.5, shadow
+        assert any(r.startswith("agreement 0.") and r.endswith(" < 0.95") for r in shadow["reasons"]), shadow
+        assert f"{dev}: shadow failed: {totals['frames']} frames, {totals['matched']}/" in abort, abort
+        assert f"agreement {totals['agreement']:.3f}" in abort, abort
         assert current(tmp, dev) == 1, dev  # never served
     for dev in video:  # promoted on its evidence, then probation and commit (the wave waits for commits)
         shadow = out[dev]["shadow"]
@@ -200,9 +217,10 @@ def shadow_rollout_aborts(
         assert out[dev]["state"] == "skipped" and current(tmp, dev) == 1, out[dev]
     for d in daemons.values():
         assert d.stop() == 0
+    print(f"\n{text}")  # the push's report, with -s: each device's verdict and figures
 
 
-def test_a_rollout_to_real_daemons_stops_before_the_next_wave_when_shadow_finds_no_evidence(
+def test_a_rollout_to_real_daemons_stops_before_the_next_wave_when_shadow_fails_on_figures_or_finds_no_evidence(
     broker: Broker,
     demo: DemoAssets,
     tmp_path: Path,
@@ -210,9 +228,10 @@ def test_a_rollout_to_real_daemons_stops_before_the_next_wave_when_shadow_finds_
     start_daemon: Callable[..., DaemonProc],
     subscribe: Callable[..., Subscriber],
 ) -> None:
-    """Three daemons, the first wave two of them (--waves 50,100): cam-01 sees faces, cam-02 an empty scene."""
-    scenes = {"cam-01": "video", "cam-02": "empty", "cam-03": "video"}
-    shadow_rollout_aborts(scenes, "50,100", 0, broker, demo, tmp_path, signer, start_daemon, subscribe)
+    """Four daemons, the first wave three of them (--waves 75,100): cam-01 sees faces, cam-02 an empty scene,
+    cam-03 faces served by a wrong-mean v1 (fails on agreement)."""
+    scenes = {"cam-01": "video", "cam-02": "empty", "cam-03": "wrong", "cam-04": "video"}
+    shadow_rollout_aborts(scenes, "75,100", 0, broker, demo, tmp_path, signer, start_daemon, subscribe)
 
 
 @pytest.mark.slow

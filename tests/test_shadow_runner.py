@@ -161,6 +161,34 @@ def test_a_dark_scene_gives_no_evidence_never_a_pass(demo: DemoAssets, serving: 
     assert runner.evaluate(stop, lambda s, r: published.append(s)) == ("stopped", []) and published == ["running"]
 
 
+@pytest.mark.parametrize(
+    "thresholds", [{"agreement": 0.95, "latency": 1.5}, None], ids=["agreement-and-latency", "the-defaults"]
+)
+def test_a_dark_scene_whose_frames_and_time_are_in_is_no_evidence_even_without_a_detection_floor(
+    demo: DemoAssets, serving: ActiveModel, thresholds: dict[str, float] | None
+) -> None:
+    """An ask with no detection floor (refused on the wire since min_detections >= 1, so built here without
+    validation, as a device never gets it): the frames and the time are in, neither model saw a face. Agreement
+    is 1.0 and latency defined, so the agreement-and-latency ask passed; the defaults' recall and precision have
+    no figure, so it failed (model_rejected, the version marked bad). Neither: no evidence."""
+    pkg = demo.packages["blazeface-back"]
+    spec = pkg.manifest.input
+    dark = [np.zeros((360, 640, 3), np.uint8) for _ in range(8)]
+    with pytest.raises(ValueError, match="under 1"):
+        ShadowAsk(min_detections=0)
+    fields = dict(ShadowAsk(sample_fps=5.0, min_frames=5, min_s=0.0, max_s=30).model_dump(), min_detections=0)
+    if thresholds is not None:
+        fields["promote_if"] = thresholds
+    ask = ShadowAsk.model_construct(**fields)
+    cam = Cam("lobby")
+    runner = ShadowRunner(model(pkg, 2), spec, [cam], ask, OPTS, ("blazeface-back", 1))
+    serve(serving, spec, runner, cam, dark, fps=5.0)
+    state, reasons, totals, _ = runner.judge()
+    assert totals["frames"] == 8 and totals["serving_detections"] == totals["candidate_detections"] == 0
+    assert totals["agreement"] == 1.0 and totals["latency_ratio"] is not None
+    assert (state, reasons) == ("no_evidence", ["neither model detected anything in 8 frames: no evidence either way"])
+
+
 def test_frames_gone_from_the_camera_and_other_models_batches_are_not_evaluated(
     demo: DemoAssets, serving: ActiveModel
 ) -> None:

@@ -66,7 +66,7 @@ from .probation import MIN_BASELINE_DETECTIONS as MIN_BASELINE_DETECTIONS
 from .probation import OutputRecorder, probation_from_store, probation_verdict
 from .probation import Probation as Probation
 from .probation import output_verdict as output_verdict
-from .shadow import Reporting, ShadowRunner
+from .shadow import Reporting, ShadowRunner, Verdicts
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +120,7 @@ class ModelManager:
         self._publish_shadow = publish_shadow
         self.labels: Any | None = None  # daemon/record/labelling.py LabelFrames: a shadow's disagreeing frames
         self.shadow: ShadowRunner | None = None  # the candidate being evaluated, while one is
+        self.shadow_verdicts = Verdicts()  # how shadow evaluations ended, for /metrics (edged_shadow_verdicts_total)
         self.stage_swaps: StageInstaller | None = None  # a cascade's stages, pushed one by one (cascade/swap.py)
         self._lock = threading.Lock()
         self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swap")
@@ -301,6 +302,7 @@ class ModelManager:
             shadow_fits(memory["serving"], memory["candidate"], self._rss_mb(), self.cfg.memory.budget_mb)
             candidate = self.open_candidate(pkg, same_input=False)
         except EdgedError as exc:
+            self.shadow_verdicts.count("refused")
             self._shadow_refused(pkg, transfer, exc, mark_bad=exc.code in MODEL_FAULTS)
             raise
         memory["candidate"] = round(max(candidate.backend.memory_bytes / 2**20, memory["candidate"]), 1)
@@ -318,6 +320,8 @@ class ModelManager:
         finally:
             self.shadow = None
             self.publish_state()
+        if state != "stopped":  # a stop cut it short: no verdict
+            self.shadow_verdicts.count(state)
         if state == "passed":
             logger.info("shadow: %s passed: swapping it in", pkg.ref)
             return self.install_staged(pkg, transfer, loaded=candidate)

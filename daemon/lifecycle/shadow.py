@@ -13,8 +13,9 @@ offer with ``shadow``: protocol/shadow.py; docs/models.md, "Shadow evaluation be
                       never a result, never published as one
     the OTA thread    `evaluate`: every REPORT_EVERY_S the report (``edged.shadow/1``, retained on …/shadow)
                       and the ota status ``shadowing``; the verdict once the ask's evidence is in (frames,
-                      detections, seconds): ``passed`` or ``failed`` by its thresholds; ``no_evidence`` when
-                      `max_s` passes first (a dark or empty scene: never a pass)
+                      detections, seconds): ``passed`` or ``failed`` by its thresholds (`judgement`);
+                      ``no_evidence`` when `max_s` passes first, or when the evidence holds no detection or
+                      leaves a threshold's figure undefined (a dark or empty scene: never a pass, never a fail)
 
 The frames where the two disagree go to the labelling store when one is given (daemon/record/labelling.py).
 """
@@ -32,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edged.models.package import InputSpec
-from edged.protocol.shadow import ShadowAsk, report_doc, verdict
+from edged.protocol.shadow import ShadowAsk, judgement, report_doc
 
 from ..backends.base import fixed_batches
 from ..capture.camera import FrameMeta
@@ -48,6 +49,31 @@ PENDING_PER_BATCH = 2  # samples waiting for the candidate: this many candidate 
 # a device whose serving batches never leave a gap still evaluates: once a full candidate batch waits, or a sample
 # has waited this long, the candidate takes one batch between two serving ones (its cost bounded by sample_fps)
 MAX_SAMPLE_WAIT_S = 1.0
+
+
+# how a shadow evaluation ended (`Verdicts`, /metrics' edged_shadow_verdicts_total{verdict=…}): the report's
+# three verdicts, and ``refused`` when the candidate never shadowed (over_budget, another model, a load failure)
+VERDICTS = ("passed", "failed", "no_evidence", "refused")
+
+
+class Verdicts:
+    """The shadow evaluations' outcomes since the daemon started, by verdict (`VERDICTS`); the model manager
+    counts each (`count`), /metrics reads them (`counts`). An evaluation the daemon's stop cut short is none."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(VERDICTS, 0)
+
+    def count(self, verdict: str) -> None:
+        if verdict not in self._counts:
+            raise ValueError(f"shadow verdict {verdict!r}; one of {', '.join(VERDICTS)}")
+        with self._lock:
+            self._counts[verdict] += 1
+
+    def counts(self) -> dict[str, int]:
+        """Every verdict, 0 for those not given yet (so a scrape sees the series before the first one)."""
+        with self._lock:
+            return dict(self._counts)
 
 
 class Frames(Protocol):
@@ -282,9 +308,9 @@ class ShadowRunner:
         evidence, enough = self.evidence(totals, now)
         if self.failure:  # as probation rolls back at a first error: a candidate that fails is never promoted
             return "failed", [self.failure], totals, per_camera
-        if enough:
-            reasons = verdict(totals, self.ask.promote_if)
-            return ("failed" if reasons else "passed"), reasons, totals, per_camera
+        if enough:  # passed, failed, or no evidence after all (neither model saw anything; a figure undefined)
+            state, reasons = judgement(totals, self.ask.promote_if)
+            return state, reasons, totals, per_camera
         if evidence["elapsed_s"] >= self.ask.max_s:
             short = [
                 f"{what} {have} of {need}"
