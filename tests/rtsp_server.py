@@ -1,12 +1,13 @@
 """A real RTSP camera for the tests: Debian's gst-rtsp-server through PyGObject, in its own process.
 
-    python rtsp_server.py PORT VIDEO [--protocols tcp|udp|both] [--user U --password P] [--h264]
+    python rtsp_server.py PORT VIDEO [--protocols tcp|udp|both] [--user U --password P] [--h264 | --h265]
                                      [--tls-cert CERT --tls-key KEY]
 
 Serves VIDEO (decoded and encoded to H.264 by openh264enc, as an IP camera sends it) at
 rtsp://127.0.0.1:PORT/cam, at the file's own rate (--h264: VIDEO is an MP4 with H.264 already, sent as it
-is). Each client gets its own pipeline: a shared media aborted gst-rtsp-server 1.22 (an assertion in
-gst_rtsp_media_get_rates) when several clients joined at once. Prints "ready" once it listens. --user/--password:
+is; --h265: VIDEO is an MP4 with H.265, sent as it is by rtph265pay). Each client gets its own pipeline: a
+shared media aborted gst-rtsp-server 1.22 (an assertion in gst_rtsp_media_get_rates) when several clients
+joined at once. Prints "ready" once it listens. --user/--password:
 Basic authentication (a client without them, or with others, gets 401). --tls-cert/--tls-key: RTSP over
 TLS (rtsps://, gst-rtsp-server's set_tls_certificate), media interleaved in that connection. SIGSTOP makes
 it a hung camera.
@@ -42,7 +43,9 @@ def main() -> int:
     ap.add_argument("--protocols", choices=["tcp", "udp", "both"], default="both")
     ap.add_argument("--user")
     ap.add_argument("--password")
-    ap.add_argument("--h264", action="store_true", help="VIDEO is H.264 already: sent as it is, not re-encoded")
+    codec = ap.add_mutually_exclusive_group()
+    codec.add_argument("--h264", action="store_true", help="VIDEO is H.264 already: sent as it is, not re-encoded")
+    codec.add_argument("--h265", action="store_true", help="VIDEO is H.265 already: sent as it is, not re-encoded")
     ap.add_argument("--tls-cert", help="serve rtsps:// with this certificate (PEM)")
     ap.add_argument("--tls-key", help="the certificate's private key (PEM)")
     args = ap.parse_args()
@@ -51,10 +54,10 @@ def main() -> int:
     server.set_address("127.0.0.1")
     server.set_service(str(args.port))
     factory = GstRtspServer.RTSPMediaFactory()
-    encode = "" if args.h264 else "decodebin ! videoconvert ! openh264enc complexity=low ! "
+    encode = "" if args.h264 or args.h265 else "decodebin ! videoconvert ! openh264enc complexity=low ! "
+    send = "h265parse ! rtph265pay" if args.h265 else "h264parse ! rtph264pay"
     factory.set_launch(
-        f'( filesrc location="{args.video}" ! qtdemux ! {encode}'
-        "h264parse ! rtph264pay name=pay0 pt=96 config-interval=1 )"
+        f'( filesrc location="{args.video}" ! qtdemux ! {encode}{send} name=pay0 pt=96 config-interval=1 )'
     )
     trans = {
         "tcp": GstRtsp.RTSPLowerTrans.TCP,

@@ -310,3 +310,56 @@ def test_a_csi_camera_passes_where_gstreamer_has_nvarguscamerasrc(
     assert "(PyGObject)" in checks["capture"]["detail"]
     assert "nvarguscamerasrc" not in checks["gst-nv"]["detail"].split("(")[0], checks["gst-nv"]  # not missing
     assert text.splitlines()[-1] == "doctor: edged can run here"
+
+
+# --- the clip encoder (capture/gstreamer/encode.py): which one recording cameras that are not H.264 get ---------
+
+GST_PLUGINS = Path("/usr/lib/x86_64-linux-gnu/gstreamer-1.0")
+
+
+def gst_without(tmp_path: Path, *plugins: str) -> dict[str, str]:
+    """This machine's GStreamer with some plugins taken away: a plugin folder of links to every other one, as the
+    only system path, and a registry of the test's own (as a device without gstreamer1.0-plugins-ugly)."""
+    if not all((GST_PLUGINS / f"libgst{p}.so").exists() for p in plugins):
+        pytest.skip(f"this machine's GStreamer has not all of {plugins} in {GST_PLUGINS}")
+    folder = tmp_path / "gst-plugins"
+    folder.mkdir(parents=True)
+    for lib in GST_PLUGINS.glob("libgst*.so"):
+        if lib.name not in {f"libgst{p}.so" for p in plugins}:
+            (folder / lib.name).symlink_to(lib)
+    return {"GST_PLUGIN_SYSTEM_PATH_1_0": str(folder), "GST_REGISTRY_1_0": str(tmp_path / "gst-registry.bin")}
+
+
+def test_the_encoder_line_names_the_best_encoder_present_and_its_fix(
+    broker: Broker, demo: DemoAssets, tmp_path: Path
+) -> None:
+    """`edged doctor`'s ``encoder`` row: the encoder a recording camera that does not send H.264/H.265 gets
+    (x264enc here, openh264enc without it); with none, a warning with the package that brings one, or "n/a"
+    when only RTSP cameras record (their own packets need no encoder)."""
+    if not (GST_PLUGINS / "libgstx264.so").exists():
+        pytest.skip("no x264enc on this machine")
+    recording = {"name": "cam", "uri": f"file://{demo.video}", "record": {"pre_s": 1, "post_s": 1}}
+    cfg = write_config(tmp_path / "rec.yaml", base_config(broker, demo, tmp_path, [recording]))
+    _, checks, text = doctor("-c", str(cfg))
+    enc = checks["encoder"]
+    assert enc["status"] == "ok" and not enc["required"], enc
+    assert enc["detail"] == "clip encoder: x264enc (recording cameras that do not send H.264/H.265)"
+    assert "ok   encoder    clip encoder: x264enc" in text, text
+    # without gstreamer1.0-plugins-ugly: the next in the order, openh264enc
+    _, checks, _ = doctor_env(gst_without(tmp_path / "no-x264", "x264"), "-c", str(cfg))
+    assert checks["encoder"]["status"] == "ok" and "clip encoder: openh264enc" in checks["encoder"]["detail"]
+    # no H.264 encoder at all: a warning for the file camera that records, with the fix
+    bare = gst_without(tmp_path / "none", "x264", "openh264")
+    _, checks, text = doctor_env(bare, "-c", str(cfg))
+    enc = checks["encoder"]
+    assert enc["status"] == "warn" and not enc["required"], enc
+    assert "clip encoder: none (no H.264 encoder is installed" in enc["detail"], enc
+    assert "gstreamer1.0-plugins-ugly" in enc["fix"] and "nvv4l2h264enc" in enc["fix"], enc
+    assert "warn encoder" in text, text
+    # only an RTSP camera records: it keeps the camera's own packets, so no encoder is needed
+    rtsp = {"name": "door", "uri": "rtsp://127.0.0.1:9/cam", "record": {"pre_s": 1, "post_s": 1}}
+    plain = {"name": "cam", "uri": f"file://{demo.video}"}
+    cfg = write_config(tmp_path / "rtsp.yaml", base_config(broker, demo, tmp_path, [rtsp, plain]))
+    _, checks, _ = doctor_env(bare, "-c", str(cfg))
+    enc = checks["encoder"]
+    assert enc["status"] == "n/a" and "RTSP H.264/H.265 cameras record their own packets" in enc["detail"], enc

@@ -21,11 +21,12 @@ from edged.daemon.capture.gstreamer.tap import EARLY_MAX
 from edged.daemon.capture.preprocess import Preprocessor
 from edged.daemon.capture.sources import open_source
 from edged.daemon.config import CameraConfig
+from edged.daemon.record.mux import write_mp4
 from edged.models.demo import DemoAssets
 
 from .conftest import wait_until
 from .test_capture_gst import RtspServer
-from .test_record_ring import DEMO_FPS, SPEC, Taker, check_clip, source_thumbs
+from .test_record_ring import DEMO_FPS, SPEC, Taker, check_clip, discover, matches_source, source_thumbs
 
 pytestmark = pytest.mark.skipif(not gst.available(), reason=f"GStreamer: {gst.why_unavailable()}")
 
@@ -42,11 +43,12 @@ def h264_1s(demo: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def file_packets(video: Path) -> list[bytes]:
-    """The H.264 access units of an MP4, as the camera's parser hands them to its decoder (avc, one AU each)."""
+def file_packets(video: Path, caps: str = "video/x-h264,stream-format=avc,alignment=au") -> list[bytes]:
+    """The access units of an MP4, as the camera's parser hands them to its decoder (`caps`: H.264 as avc, one
+    AU each, unless told otherwise)."""
     g, _ = gst.modules()
-    caps = "video/x-h264,stream-format=avc,alignment=au"
-    pipeline = g.parse_launch(f"filesrc location={video} ! qtdemux ! h264parse ! {caps} ! appsink name=sink sync=false")
+    parser = "h265parse" if caps.startswith("video/x-h265") else "h264parse"
+    pipeline = g.parse_launch(f"filesrc location={video} ! qtdemux ! {parser} ! {caps} ! appsink name=sink sync=false")
     sink = pipeline.get_by_name("sink")
     pipeline.set_state(g.State.PLAYING)
     out = []
@@ -158,3 +160,64 @@ def test_a_camera_that_records_nothing_lets_go_of_the_tap(server: RtspServer) ->
         assert raw is not None and raw.frames == EARLY_MAX
     finally:
         source.close()
+
+
+# --- an H.265 camera --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def h265_1s(demo: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo video as an MP4 of H.265 with a keyframe every second (no B-frames, as IP cameras send it)."""
+    if not gst.has_element("x265enc"):
+        pytest.skip("no x265enc (gstreamer1.0-plugins-bad)")
+    out = tmp_path_factory.mktemp("rec265") / "demo.h265.mp4"
+    enc = f"x265enc tune=zerolatency speed-preset=ultrafast bitrate=2000 key-int-max={KEY_EVERY}"
+    text = f"filesrc location={demo.video} ! qtdemux ! decodebin ! videoconvert ! {enc} ! h265parse ! mp4mux"
+    subprocess.run(["gst-launch-1.0", "-q", *text.split(), "!", "filesink", f"location={out}"], check=True, timeout=180)
+    return out
+
+
+def test_an_h265_cameras_own_packets_fill_the_ring_and_a_clip_of_them_decodes(
+    demo: DemoAssets, h265_1s: Path, tmp_path: Path, rig: tuple[threading.Condition, threading.Event]
+) -> None:
+    """The same over an H.265 camera (rtph265pay): h265parse's packets, byte for byte the served file's access
+    units, no re-encode; a span of them is an H.265 MP4 that the discoverer reads and whose first frame is the
+    source frame of its time."""
+    server = RtspServer(h265_1s, "--h265", "--protocols", "tcp")
+    try:
+        cond, stop = rig
+        cam = rtsp_camera(server, "rec265", cond, stop)
+        Taker(cam, cond, stop)
+        ring = cam.ring
+        assert ring is not None
+        wait_until(lambda: (ring.newest_wall() or 0) - (ring.oldest_wall() or 1e12) > 4.5, 60, "4.5 s of packets")
+        assert cam.record_path == "camera's own h265" and cam.record_why == "", (cam.record_path, cam.record_why)
+        caps, packets = ring.span(0, 1e12)
+    finally:
+        server.stop()
+    assert caps.startswith("video/x-h265") and "alignment=(string)au" in caps, caps
+    keys = [p for p in packets if p.key]
+    assert packets[0].key and ring.evicted == 0
+    assert len(keys) >= 4 and len(packets) > 4 * len(keys), (len(keys), len(packets))
+    # no re-encode: the ring's packets are the served file's access units, as the parser hands them on (in the
+    # stream format the camera's parser negotiated; a keyframe's VPS/SPS/PPS may travel in front of it, or in the
+    # caps' codec_data)
+    fmt = caps.split("stream-format=(string)")[1].split(",")[0]
+    sent = file_packets(h265_1s, f"video/x-h265,stream-format={fmt},alignment=au")
+    deltas = [p.data for p in packets if not p.key]
+    assert deltas and all(d in set(sent) for d in deltas)
+    assert all(any(s.endswith(k.data) or k.data.endswith(s) for s in sent) for k in keys)
+    # a span 1.5 s .. 4 s in: an H.265 MP4 of the camera's packets, from the keyframe at or before its start
+    t0, first_pts = packets[0].wall, packets[0].pts_ns
+    start, end = t0 + 1.5, t0 + 4.0
+    got_caps, span = ring.span(start, end)
+    clip = write_mp4(got_caps, span, tmp_path / "h265.mp4")
+    assert clip.codec == "h265" and not (tmp_path / "h265.mp4.part").exists()
+    duration, codec, size = discover(clip.path)
+    assert codec.startswith("H.265") and size == (960, 540), (codec, size)
+    assert duration == pytest.approx(clip.duration_s, abs=0.15)
+    assert start - KEY_EVERY / DEMO_FPS - 0.1 <= clip.start_wall <= start + 0.1
+    assert clip.start_wall + duration >= end - 0.2
+    index, mad = matches_source(clip.path, demo.video, source_thumbs(demo.video))
+    expected = (span[0].pts_ns - first_pts) / 1e9 * DEMO_FPS  # each client's stream starts at the file's frame 0
+    assert mad < 8.0 and abs(index - expected) <= 2.0, (index, expected, mad)

@@ -201,8 +201,9 @@ class RecordConfig(StrictModel):
         16.0,
         gt=0,
         le=1024,
-        description="the in-memory ring of the encoded stream, in MB; it also keeps at most pre_s + 30 s (oldest "
-        "packets evicted first, counted)",
+        description="the in-memory ring of the encoded stream, in MB; it also keeps at most pre_s + max_clip_s + "
+        "post_s + 30 s (oldest packets evicted first, counted); at 2 Mbit/s, 16 MB hold about a minute, so a "
+        "longer pre_s needs a larger ring",
     )
     encoder: Literal["auto", "nvv4l2h264enc", "x264enc", "openh264enc"] = Field(
         "auto",
