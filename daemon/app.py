@@ -342,7 +342,9 @@ class Daemon:
         if self.labelling is not None and self.labelling.cfg.sampling:  # cheap unless a frame is sampled
             cam = next(c for c in self.cameras if c.name == r.camera)
             ref = f"{r.model_name}@{r.model_version}"
-            self.labelling.observe(r.camera, r.detections, ref, lambda: cam.frame_for(r.meta.seq), time.monotonic())
+            self.labelling.observe(
+                r.camera, r.detections, ref, lambda: cam.frame_for(r.meta.seq), time.monotonic(), r.meta
+            )
         if frames:
             (self.cascade.submit if self.cascade is not None else self.publisher.submit)(r)  # stages, then publisher
 

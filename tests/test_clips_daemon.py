@@ -96,6 +96,17 @@ def landed(dav: DavServer, camera: str, clip: dict[str, Any], device: str = "cam
     return put.exists() and hashlib.sha256(put.read_bytes()).hexdigest() == clip["sha256"]
 
 
+def listed_by(d: DaemonProc, port: int, got: dict[str, Any]) -> bool:
+    """The daemon's /clips into got["clips"]; False while it does not answer yet (it must still run)."""
+    assert d.proc.poll() is None, "the restarted daemon exited"
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/clips?limit=1000", timeout=5) as resp:
+            got["clips"] = json.loads(resp.read())["clips"]
+    except OSError:
+        return False
+    return True
+
+
 def test_an_event_clip_over_rtsp_mqtt_and_http_survives_a_sigkill_and_a_restart(
     shipped: SiteBroker,  # noqa: F811
     site: Path,  # noqa: F811
@@ -207,18 +218,8 @@ def test_an_event_clip_over_rtsp_mqtt_and_http_survives_a_sigkill_and_a_restart(
     d.stop(signal.SIGKILL)
     d2 = start_daemon(cfg)
     got: dict[str, Any] = {}
-
-    def listed_again() -> bool:
-        assert d2.proc.poll() is None, "the restarted daemon exited"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/clips?limit=1000", timeout=5) as resp:
-                got["clips"] = json.loads(resp.read())["clips"]
-        except OSError:
-            return False
-        return True
-
     try:
-        wait_until(listed_again, 120, "the restarted daemon's /clips")
+        wait_until(lambda: listed_by(d2, http_port, got), 120, "the restarted daemon's /clips")
         # nothing lost: every clip of the first run reaches nginx whole (those the kill left queued, queued again)
         wait_until(lambda: all(landed(dav, "door", c) for c in by_verb.values()), 60, "every clip on nginx")
     except AssertionError as exc:
@@ -341,18 +342,8 @@ def test_a_sigkill_while_a_clip_is_written_lists_only_whole_clips_and_loses_no_u
     dav.start()
     d2 = start_daemon(cfg)
     got: dict[str, Any] = {}
-
-    def listed() -> bool:
-        assert d2.proc.poll() is None, "the restarted daemon exited"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/clips?limit=1000", timeout=5) as resp:
-                got["clips"] = json.loads(resp.read())["clips"]
-        except OSError:
-            return False
-        return True
-
     try:
-        wait_until(listed, 120, "the restarted daemon's /clips")
+        wait_until(lambda: listed_by(d2, port, got), 120, "the restarted daemon's /clips")
         # nothing lost: every clip complete at the kill reaches nginx, whole (queued again at the start)
         wait_until(lambda: all(landed(dav, "lobby", c, "dev") for c in ready.values()), 90, "the clips on nginx")
     except AssertionError as exc:

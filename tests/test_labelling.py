@@ -6,9 +6,11 @@ COCO file on a real nginx (WebDAV PUT), across a stop and start of nginx."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import threading
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +93,52 @@ def check_coco(doc: dict[str, Any]) -> None:
     assert len(set(cat_ids)) == len(cat_ids)
     assert {a["image_id"] for a in doc["annotations"]} <= set(image_ids)
     assert {a["category_id"] for a in doc["annotations"]} <= set(cat_ids)
+
+
+# A kept JPEG is compared with the video's frames by their edges (the Sobel gradients of a 240x135 grey copy):
+# the daemon decodes with GStreamer, this test with OpenCV's FFmpeg, whose colour conversions differ by a
+# near-constant 1.6 grey levels, more than neighbouring frames of a slow scene differ; edges move with the
+# scene and not with that offset (measured on the demo video: the frame named 2.1-2.7 from its JPEG, the
+# nearest other frame 3.3 in its slowest part, 19-48 where people walk).
+_SMALL = (240, 135)
+
+
+def _edges(img: np.ndarray) -> np.ndarray:
+    grey = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY) if img.ndim == 3 else img
+    small = cv2.resize(grey, _SMALL, interpolation=cv2.INTER_AREA).astype(np.float32)
+    return np.abs(cv2.Sobel(small, cv2.CV_32F, 1, 0)) + np.abs(cv2.Sobel(small, cv2.CV_32F, 0, 1))
+
+
+@functools.cache
+def _video_edges(path: str) -> tuple[np.ndarray, ...]:
+    cap = cv2.VideoCapture(path)
+    out = []
+    while True:
+        ok, img = cap.read()
+        if not ok:
+            break
+        out.append(_edges(img))
+    cap.release()
+    return tuple(out)
+
+
+def check_the_videos_frame(jpg: bytes, image: dict[str, Any], video: Path) -> tuple[float, float]:
+    """The kept JPEG is the frame of `video` its COCO entry names (``edged.frame``: the index in the file):
+    nearer to it than to any other frame within 10 of it, and near in absolute terms (JPEG noise). Returns
+    (its distance, the nearest other's)."""
+    frames = _video_edges(str(video))
+    i = image["edged"]["frame"]
+    assert isinstance(i, int) and 0 <= i < len(frames), image["edged"]
+    img = cv2.imdecode(np.frombuffer(jpg, np.uint8), cv2.IMREAD_GRAYSCALE)
+    assert img is not None, f"{image['file_name']} does not decode"
+    edges = _edges(img)
+    dist = {j: float(np.abs(edges - frames[j]).mean()) for j in range(max(0, i - 10), min(len(frames), i + 11))}
+    other = min(d for j, d in dist.items() if j != i)
+    assert dist[i] < 5.0 and dist[i] < other, f"the JPEG of frame {i}: {dist[i]:.2f} from it, {dist} around it"
+    # date_captured is when the camera read it (edged.captured_at), not when the store wrote it
+    captured = datetime.fromisoformat(image["date_captured"]).timestamp()
+    assert captured == pytest.approx(image["edged"]["captured_at"], abs=2e-3)
+    return dist[i], other
 
 
 Frame = tuple[np.ndarray, list[Detection], list[Detection]]

@@ -21,7 +21,7 @@ from edged.protocol.schemas import TELEMETRY_SCHEMA, schema
 from tests.conftest import base_config, free_port, wait_until, write_config
 from tests.nginx_dav import DavServer
 from tests.test_health import get, metrics
-from tests.test_labelling import check_coco
+from tests.test_labelling import check_coco, check_the_videos_frame
 
 TOKEN = "labelling-token-0123456789"
 
@@ -86,6 +86,7 @@ def test_a_daemon_keeps_serves_and_uploads_near_threshold_frames_across_restarts
             assert anns and all(a["attributes"]["model"] == "serving" for a in anns)
             assert any(0.7 <= a["score"] < 1.0 for a in anns)  # near the threshold (0.7, band 0.3)
             assert image["edged"]["reason"] == "near_threshold"
+            check_the_videos_frame(jpg, image, demo.video)  # the frame its boxes were found in
         assert fetch(port, "/labelling/../edged.yaml")[0] == 404
         assert fetch(port, "/labelling/%2e%2e/edged.yaml")[0] == 404
         assert fetch(port, "/labelling/000001-nothing.jpg")[0] == 404

@@ -35,7 +35,7 @@ from tests.conftest import REPO, DaemonProc, base_config, edged_cli, free_port, 
 from tests.nginx_dav import DavServer
 from tests.test_faults_hostile import hungry_variant
 from tests.test_health import metrics
-from tests.test_labelling import check_coco
+from tests.test_labelling import check_coco, check_the_videos_frame
 from tests.test_labelling_daemon import fetch
 from tests.test_ota import MODEL, build, install, store_view
 from tests.test_site import (  # noqa: F401
@@ -305,6 +305,7 @@ def test_shadow_rejects_a_wrong_mean_and_keeps_its_disagreement_frames_through_t
         img = cv2.imdecode(np.frombuffer(jpg, np.uint8), cv2.IMREAD_COLOR)
         assert img is not None and img.shape[:2] == (image["height"], image["width"]) == (540, 960)
         assert image["edged"]["disagreement"] > 0.5, image
+        check_the_videos_frame(jpg, image, demo.video)  # the frame both models' boxes were found in
         assert any(a["image_id"] == image["id"] for a in coco["annotations"]), image
     # both models' boxes, each named by its model: the candidate's false faces outnumber the serving model's
     by = {m: [a for a in coco["annotations"] if a["attributes"]["model"] == m] for m in ("serving", "candidate")}

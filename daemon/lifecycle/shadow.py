@@ -251,8 +251,8 @@ class ShadowRunner:
         if self.labels is None or s.frame is None:
             return
         serving_ref = f"{self.serving[0]}@{self.serving[1]}"
-        offer = Offer(s.camera, s.frame, s.serving, cand, disagreement, "shadow", serving_ref, self.candidate.ref)
-        self.labels.submit(offer)
+        ref = self.candidate.ref
+        self.labels.submit(Offer(s.camera, s.frame, s.serving, cand, disagreement, "shadow", serving_ref, ref, s.meta))
 
     def _tally(self, camera: str) -> Tally:
         tally = self.tallies.get(camera)

@@ -8,10 +8,12 @@ models' detections in one COCO JSON file that labelling tools read (CVAT, Label 
 - **The worst N are kept**: a min-heap on disagreement; a full store takes a new frame only when it
   disagrees more than the least disagreeing frame kept, which goes (a frame that would not be kept is
   not even encoded). Bounded by count (``labelling.max_frames``) and bytes (``labelling.max_mb``).
-- **COCO**: ``images`` (id, file_name, width, height, date_captured, plus an ``edged`` object: key,
-  camera, disagreement, reason, the models' refs, bytes), ``annotations`` (bbox ``[x, y, w, h]`` in
-  source pixels, area, iscrowd 0, score, and ``attributes`` naming the model that gave it: ``serving``
-  or ``candidate`` with its ``name@version``), ``categories`` (one per label, ids from 1, kept stable).
+- **COCO**: ``images`` (id, file_name, width, height, date_captured: when the camera read the frame, plus
+  an ``edged`` object: key, camera, disagreement, reason, the models' refs, bytes, and which frame it is:
+  ``frame`` (for a file, its index in the file), ``seq`` (the camera's count), ``captured_at``),
+  ``annotations`` (bbox ``[x, y, w, h]`` in source pixels, area, iscrowd 0, score, and ``attributes``
+  naming the model that gave it: ``serving`` or ``candidate`` with its ``name@version``), ``categories``
+  (one per label, ids from 1, kept stable).
   Every write is atomic (a temporary file fsynced and renamed): a power cut leaves the last whole file,
   and a restart drops JPEGs the file does not name.
 - **Off the hot path**: `offer` encodes and writes at once (the shadow evaluator calls it from its own
@@ -41,6 +43,7 @@ import numpy as np
 from edged.errors import StateDirError
 
 from ...models.store.files import write_atomic
+from ..capture.camera import FrameMeta
 from ..config import CameraConfig, DetectionConfig, LabellingConfig
 from ..decoders.base import Detection
 from ..delivery.upload import Uploader
@@ -66,6 +69,7 @@ class Offer:
     reason: str
     serving_ref: str
     candidate_ref: str | None
+    meta: FrameMeta | None = None  # which frame it is (its index, capture time): recorded with it
 
 
 def near_threshold(detections: Sequence[Detection], threshold: float, band: float) -> float | None:
@@ -139,9 +143,11 @@ class LabelFrames:
         reason: str,
         serving_ref: str,
         candidate_ref: str | None,
+        meta: FrameMeta | None = None,
     ) -> str | None:
         """Keep `frame` (BGR, source size) with both models' detections when it is worth it; its key, or None
-        when it disagrees less than every frame of a full store (or the write failed, logged and counted)."""
+        when it disagrees less than every frame of a full store (or the write failed, logged and counted).
+        `meta`: the camera's record of the frame, kept with it (its index and capture time)."""
         with self._lock:
             self.counts["offered"] += 1
             if not self._worth(disagreement):
@@ -169,13 +175,15 @@ class LabelFrames:
             with self._lock:
                 self.counts["errors"] += 1
             return None
+        captured = meta.captured_at if meta is not None else datetime.now(timezone.utc).timestamp()
+        which = {} if meta is None else {"frame": meta.frame, "seq": meta.seq, "captured_at": round(captured, 3)}
         with self._lock:
             image = {
                 "id": n,
                 "file_name": f"{key}.jpg",
                 "width": int(frame.shape[1]),
                 "height": int(frame.shape[0]),
-                "date_captured": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                "date_captured": datetime.fromtimestamp(captured, timezone.utc).isoformat(timespec="milliseconds"),
                 "edged": {
                     "key": key,
                     "camera": camera,
@@ -184,6 +192,7 @@ class LabelFrames:
                     "serving": serving_ref,
                     "candidate": candidate_ref,
                     "bytes": len(data),
+                    **which,
                 },
                 "_ann": [self._annotation(d, "serving", serving_ref) for d in serving]
                 + [self._annotation(d, "candidate", candidate_ref or "") for d in candidate or ()],
@@ -204,11 +213,18 @@ class LabelFrames:
         return key
 
     def observe(
-        self, camera: str, detections: Sequence[Detection], ref: str, frame: Callable[[], np.ndarray | None], now: float
+        self,
+        camera: str,
+        detections: Sequence[Detection],
+        ref: str,
+        frame: Callable[[], np.ndarray | None],
+        now: float,
+        meta: FrameMeta | None = None,
     ) -> bool:
         """Normal service, on the decode thread: a cheap look at a result; when a detection lies within
         ``near_threshold`` above the camera's score threshold and the camera's ``sample_s`` has passed, its
-        frame (`frame()`, the one the boxes were found in) goes to the store's thread. True when handed over."""
+        frame (`frame()`, the one the boxes were found in, which `meta` describes) goes to the store's thread.
+        True when handed over."""
         band = self.cfg.near_threshold
         if band <= 0 or now - self._sampled.get(camera, -1e18) < self.cfg.sample_s:
             return False
@@ -222,7 +238,7 @@ class LabelFrames:
         if img is None:
             return False
         self._sampled[camera] = now
-        return self.submit(Offer(camera, img, list(detections), None, near, "near_threshold", ref, None))
+        return self.submit(Offer(camera, img, list(detections), None, near, "near_threshold", ref, None, meta))
 
     def submit(self, offer: Offer) -> bool:
         """Hand `offer` to the store's thread; False (counted as busy) when it is still on the last ones."""
@@ -300,7 +316,15 @@ class LabelFrames:
                 continue
             try:
                 self.offer(
-                    o.camera, o.frame, o.serving, o.candidate, o.disagreement, o.reason, o.serving_ref, o.candidate_ref
+                    o.camera,
+                    o.frame,
+                    o.serving,
+                    o.candidate,
+                    o.disagreement,
+                    o.reason,
+                    o.serving_ref,
+                    o.candidate_ref,
+                    o.meta,
                 )
             except Exception:  # the thread's boundary: one bad frame must not end the store
                 logger.exception("labelling: a frame of %s failed", o.camera)
