@@ -346,6 +346,13 @@ def test_a_sigkill_while_a_clip_is_written_lists_only_whole_clips_and_loses_no_u
         wait_until(lambda: listed_by(d2, port, got), 120, "the restarted daemon's /clips")
         # nothing lost: every clip complete at the kill reaches nginx, whole (queued again at the start)
         wait_until(lambda: all(landed(dav, "lobby", c, "dev") for c in ready.values()), 90, "the clips on nginx")
+        # and the restarted daemon knows it: each of those clips' sidecar says uploaded, so it is pending no more
+        # and its age bound applies again (the start queues them again to hear the uploader's verdict)
+        wait_until(
+            lambda: listed_by(d2, port, got) and all(c["uploaded"] for c in got["clips"] if c["id"] in ready),
+            60,
+            "/clips saying every clip complete at the kill uploaded",
+        )
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{d2.output()[-4000:]}") from None
     after = {c["id"]: c for c in got["clips"]}
