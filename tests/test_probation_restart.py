@@ -1,6 +1,8 @@
 """Probation after a restart has an output baseline (issue 29 item 4): each serving version's output is
 recorded beside the store's state.json (output.json), and a version installed while the daemon was stopped
-is judged against what `previous` output, as a running swap judges against the model it replaces."""
+is judged against what `previous` output, as a running swap judges against the model it replaces; so is a version
+pushed over the air to a running daemon whose probation a clean restart (SIGTERM: `systemctl restart`) cuts
+short before its verdict (the replaced version's window recorded at the swap), and that stop is no crash."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from edged.models.demo import DemoAssets
 from edged.models.signing import SigningKey
 
 from .conftest import Broker, wait_until, write_config
-from .test_ota import MODEL, build, device_doc, install, wait_results
+from .test_ota import MODEL, build, device_doc, install, start_push, store_view, wait_results
 from .test_probation_output import blind
 
 # (the new modules are imported in the tests that use them: the end-to-end test below also runs against
@@ -146,3 +148,135 @@ def test_a_version_installed_while_stopped_is_judged_on_the_output_recorded_befo
     wait_until(lambda: bool(events(sub, "model_committed", 3) or events(sub, "model_rolled_back", 3)), 120, "v3")
     assert events(sub, "model_committed", 3), d3.output()
     assert f"{MODEL}@3 on probation against {MODEL}@1's output as recorded" in d3.output()
+
+
+def store_state(state: Path) -> dict[str, Any]:
+    return dict(json.loads((state / "state.json").read_text()))
+
+
+def boot_of(sub: Any, version: int) -> str:
+    """The boot id of the run that served `version` (its results say)."""
+    return str(next(r["boot_id"] for r in sub.results() if r["model"]["version"] == version))
+
+
+def pushed_then_stopped(
+    demo: DemoAssets,
+    tmp_path: Path,
+    signer: SigningKey,
+    broker: Broker,
+    subscribe: Any,
+    start_daemon: Any,
+    model: Path | None,
+    frames_on_probation: int = 0,
+) -> tuple[Path, Any, Any, str]:
+    """Version 1 serves the demo video at its own 15 fps until its output window (150 frames) is full; version 2
+    (`model`, else identical) is pushed over the air to the running daemon with `edged push --wait commit`; once
+    it serves (and `frames_on_probation` of its results are out) the daemon gets a SIGTERM, what `systemctl
+    restart` sends, before any verdict: a commit needs 170 batches of one frame, the output verdict 150.
+    Returns the config, the subscriber, the pusher still waiting for the commit, and the stopped run's boot id.
+    """
+    doc = device_doc(broker, demo, tmp_path, "cam-01")
+    doc["cameras"][0]["fps_max"] = 15  # the video's own rate
+    doc["model"].update(probation_output_frames=150, probation_s=1, probation_batches=170)
+    cfg = write_config(tmp_path / "cam-01.yaml", doc)
+    state = tmp_path / "cam-01" / "models" / MODEL
+    install(cfg, build(demo, tmp_path, signer, 1))
+    sub = subscribe(broker, "edged/cam-01/#")
+    d1 = start_daemon(cfg)
+    wait_results(sub, 1, n=160, timeout=120)
+    pusher = start_push(broker, build(demo, tmp_path, signer, 2, model=model), "--device", "cam-01",
+                        "--wait", "commit", "--timeout", "240")  # fmt: skip
+    wait_until(lambda: bool(events(sub, "model_activated", 2)), 120, "version 2 swapped in")
+    if frames_on_probation:
+        wait_results(sub, 2, n=frames_on_probation, timeout=120)
+    assert d1.stop() == 0, d1.output()  # SIGTERM
+    boot1 = boot_of(sub, 1)
+    # the stop cut the probation short: no verdict yet, and a clean stop is no crash
+    assert not events(sub, "model_committed", 2) and not events(sub, "model_rolled_back", 2), d1.output()
+    st = store_state(state)
+    assert (st["pending"], st["probation_crashes"], st["probation_boot"]) == (2, 0, None), st
+    assert st["baseline_infer_ms"], st  # version 1's median batch cost, from the swap
+    one = json.loads((state / "output.json").read_text())["versions"]["1"]  # recorded at the swap: v1's window
+    assert one["rows"] == 150 and one["detections"] >= 20 and one["source"] == "served", one
+    assert pusher.poll() is None, "the pusher gave up at the stop:\n" + str(pusher.communicate()[0])
+    return cfg, sub, pusher, boot1
+
+
+def test_a_pushed_version_whose_probation_a_restart_cuts_short_is_judged_on_output_after_it(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe: Any, start_daemon: Any
+) -> None:
+    """A blind version 2 (it loads, runs as fast as version 1, and sees no face) is pushed over the air to the
+    running daemon, and a clean restart cuts its probation short before the verdict. The restarted daemon has
+    no replaced model in memory: it judges version 2 against version 1's output as recorded at the swap, rolls
+    it back for its collapse (marked bad, the figures in the event's reason) and serves version 1 again; the
+    stop counted no crash; the pusher, waiting for the commit across the restart, reports the rollback."""
+    blind_model = blind(demo.packages[MODEL].model_path, tmp_path / "b.onnx")
+    cfg, sub, pusher, boot1 = pushed_then_stopped(demo, tmp_path, signer, broker, subscribe, start_daemon, blind_model)
+    state = tmp_path / "cam-01" / "models" / MODEL
+    one = json.loads((state / "output.json").read_text())["versions"]["1"]  # what version 2 is judged against
+
+    d2 = start_daemon(cfg)
+    wait_until(lambda: bool(events(sub, "model_rolled_back", 2) or events(sub, "model_committed", 2)), 120, "v2's end")
+    assert not events(sub, "model_committed", 2), "the blind version 2 committed after the restart:\n" + d2.output()
+    ev = events(sub, "model_rolled_back", 2)[0]
+    print("\n" + str(ev["reason"]))
+    assert ev["boot_id"] != boot1 and ev["to"] == 1 and ev["code"] == "probation_failed", ev
+    rate, mean = one["detections"] / one["rows"], one["score_sum"] / one["detections"]
+    assert re.fullmatch(
+        r"output collapse: 0\.00 detections per frame, mean score 0\.00 over 1\d\d frames vs "
+        + re.escape(f"{rate:.2f} detections per frame, mean score {mean:.2f} over 150 frames before (under 1/10)"),
+        str(ev["reason"]),
+    ), ev["reason"]
+    log = d2.output()
+    assert f"{MODEL}@2 on probation against {MODEL}@1's output as recorded" in log, log
+    assert "crash(es) on probation" not in log, log
+    out, _ = pusher.communicate(timeout=60)
+    print(out)
+    assert pusher.returncode == 1 and "rolled_back" in out and "output collapse" in out, out
+    n1 = sum(1 for r in sub.results() if r["model"]["version"] == 1)
+    wait_results(sub, 1, n=n1 + 5)  # version 1 serves again
+    assert d2.stop() == 0, d2.output()
+    view = store_view(tmp_path / "cam-01")
+    assert (view["current"], view["bad"]) == (1, [2]), view
+
+
+@pytest.mark.slow
+def test_an_identical_pushed_version_whose_probation_spans_a_restart_commits_after_a_full_window(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe: Any, start_daemon: Any
+) -> None:
+    """Version 2, identical to version 1, is pushed over the air and serves 80 frames of its probation
+    (short of the 150 of the output verdict and the 170 batches of a commit) when a clean restart cuts it
+    short. The restarted daemon judges it against version 1's recorded output and commits it; the probation
+    starts over with the run (its `probation_s`, batches and output window count from the start: the frames
+    before the stop are not carried over); the pusher waiting across the restart reports the commit."""
+    cfg, sub, pusher, boot1 = pushed_then_stopped(
+        demo, tmp_path, signer, broker, subscribe, start_daemon, None, frames_on_probation=80
+    )
+    state = tmp_path / "cam-01" / "models" / MODEL
+    stopped, seen = time.monotonic(), len(sub.on("model/state"))
+    d2 = start_daemon(cfg)
+
+    def new_runs_probation() -> dict[str, Any] | None:  # the restarted run's first retained model state on probation
+        docs = [m.json() for m in sub.on("model/state")[seen:] if m.payload]
+        return next((s["probation"] for s in docs if s.get("probation")), None)
+
+    wait_until(lambda: new_runs_probation() is not None, 60, "the new run's model state")
+    p = new_runs_probation()
+    assert p is not None and p["version"] == 2, p
+    assert p["elapsed_s"] <= time.monotonic() - stopped, p  # counted from the new run's start, not the swap
+    wait_until(lambda: bool(events(sub, "model_committed", 2) or events(sub, "model_rolled_back", 2)), 120, "v2")
+    assert events(sub, "model_committed", 2), d2.output()
+    assert events(sub, "model_committed", 2)[0]["boot_id"] != boot1
+    log = d2.output()
+    assert f"{MODEL}@2 on probation against {MODEL}@1's output as recorded" in log, log
+    passed = re.search(rf"model {MODEL}@2 passed probation \((\d+) batches, (\d+) s", log)
+    assert passed is not None, log
+    assert int(passed.group(1)) >= 170, log  # the whole count in the new run: the 80 before the stop are not in it
+    out, _ = pusher.communicate(timeout=60)
+    print(out)
+    assert pusher.returncode == 0 and "committed" in out, out
+    assert d2.stop() == 0, d2.output()
+    st = store_state(state)
+    assert (st["pending"], st["probation_crashes"], st["bad"]) == (None, 0, []), st
+    recorded = json.loads((state / "output.json").read_text())["versions"]
+    assert recorded["2"]["rows"] == 150 and recorded["2"]["source"] == "served", recorded
