@@ -220,7 +220,7 @@ def _waves(
                 back = "it takes the group's offer from the mirror" if pusher.urls else "push again to serve it"
                 r.outcomes[dev] = {"state": "offline", "error": f"offline; {back} when it is back"}
             else:
-                r.outcomes[dev] = {"state": d.state, "error": d.error}
+                r.record([d])  # with its shadow report (a --shadow rollout), as a wave's device's
         r.wave = i + 1
         failures = r.failures()
         if len(failures) > allowed and i == last:  # nothing left to abort; devices away must not take it
