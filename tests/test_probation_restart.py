@@ -97,6 +97,24 @@ def events(sub: Any, kind: str, version: int) -> list[dict[str, Any]]:
     return [e for e in docs if e["type"] == kind and (e.get("model") or {}).get("version") == version]
 
 
+def v1_served(
+    demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe: Any, start_daemon: Any
+) -> tuple[Path, Path, Any, Any]:
+    """Version 1 installed and serving the demo video at its own 15 fps until its output window is full.
+    150 frames: half the looping demo video (over 1 face per frame), so version 1's window holds well over
+    the 20 detections a collapse is judged against; a commit needs 170 batches of one frame: after the output
+    verdict. Returns the config, the model's store folder, the subscriber (edged/cam-01/#) and the daemon."""
+    doc = device_doc(broker, demo, tmp_path, "cam-01")
+    doc["cameras"][0]["fps_max"] = 15  # the video's own rate
+    doc["model"].update(probation_output_frames=150, probation_s=1, probation_batches=170)
+    cfg = write_config(tmp_path / "cam-01.yaml", doc)
+    install(cfg, build(demo, tmp_path, signer, 1))
+    sub = subscribe(broker, "edged/cam-01/#")
+    d1 = start_daemon(cfg)
+    wait_results(sub, 1, n=160, timeout=120)
+    return cfg, tmp_path / "cam-01" / "models" / MODEL, sub, d1
+
+
 def test_a_version_installed_while_stopped_is_judged_on_the_output_recorded_before(
     demo: DemoAssets, tmp_path: Path, signer: SigningKey, broker: Broker, subscribe: Any, start_daemon: Any
 ) -> None:
@@ -105,18 +123,7 @@ def test_a_version_installed_while_stopped_is_judged_on_the_output_recorded_befo
     stopped. At the start it is judged against version 1's recorded output and rolled back for its collapse;
     an identical version 3 installed the same way commits. Default latency ratio: the output is judged
     after the latency passed."""
-    doc = device_doc(broker, demo, tmp_path, "cam-01")
-    doc["cameras"][0]["fps_max"] = 15  # the video's own rate
-    # 150 frames: half the looping demo video (over 1 face per frame), so version 1's window holds well over
-    # the 20 detections a collapse is judged against; a commit needs 170 batches of one frame: after the
-    # output verdict
-    doc["model"].update(probation_output_frames=150, probation_s=1, probation_batches=170)
-    cfg = write_config(tmp_path / "cam-01.yaml", doc)
-    state = tmp_path / "cam-01" / "models" / MODEL
-    install(cfg, build(demo, tmp_path, signer, 1))
-    sub = subscribe(broker, "edged/cam-01/#")
-    d1 = start_daemon(cfg)
-    wait_results(sub, 1, n=160, timeout=120)
+    cfg, state, sub, d1 = v1_served(demo, tmp_path, signer, broker, subscribe, start_daemon)
     assert d1.stop() == 0, d1.output()
 
     install(cfg, build(demo, tmp_path, signer, 2, model=blind(demo.packages[MODEL].model_path, tmp_path / "b.onnx")))
@@ -175,15 +182,7 @@ def pushed_then_stopped(
     restart` sends, before any verdict: a commit needs 170 batches of one frame, the output verdict 150.
     Returns the config, the subscriber, the pusher still waiting for the commit, and the stopped run's boot id.
     """
-    doc = device_doc(broker, demo, tmp_path, "cam-01")
-    doc["cameras"][0]["fps_max"] = 15  # the video's own rate
-    doc["model"].update(probation_output_frames=150, probation_s=1, probation_batches=170)
-    cfg = write_config(tmp_path / "cam-01.yaml", doc)
-    state = tmp_path / "cam-01" / "models" / MODEL
-    install(cfg, build(demo, tmp_path, signer, 1))
-    sub = subscribe(broker, "edged/cam-01/#")
-    d1 = start_daemon(cfg)
-    wait_results(sub, 1, n=160, timeout=120)
+    cfg, state, sub, d1 = v1_served(demo, tmp_path, signer, broker, subscribe, start_daemon)
     pusher = start_push(broker, build(demo, tmp_path, signer, 2, model=model), "--device", "cam-01",
                         "--wait", "commit", "--timeout", "240")  # fmt: skip
     wait_until(lambda: bool(events(sub, "model_activated", 2)), 120, "version 2 swapped in")

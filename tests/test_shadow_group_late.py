@@ -192,9 +192,30 @@ def restart_ignores_the_offer(
     return again
 
 
+def v2_on_cam01_cam02_gone(
+    s: Site,
+    signer: SigningKey,
+    start_daemon: Callable[..., DaemonProc],
+    connect_as: Callable[..., Any],
+    cam02: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[Path, Path, DaemonProc]:
+    """Where each late-device test starts: cam-01 already serves v2 (the rollout finds it done, so the test's
+    CPU goes to the late device) and runs; cam-02, on v1 (its config changed by `cam02` first), has gone
+    offline, its last will retained. Returns v2's package, cam-02's config and cam-01's daemon."""
+    v1, v2 = build(s.demo, s.tmp, signer, 1), build(s.demo, s.tmp, signer, 2)
+    cfg1, cfg2 = s.config("cam-01", ["dock"]), s.config("cam-02", ["dock"])
+    if cam02 is not None:
+        doc = yaml.safe_load(cfg2.read_text())
+        cam02(doc)
+        write_config(cfg2, doc)
+    install(cfg1, v2)
+    install(cfg2, v1)
+    s.went_offline(connect_as, "cam-02")
+    return v2, cfg2, serving(start_daemon(cfg1))
+
+
 def test_a_device_that_starts_after_a_shadow_rollout_shadows_the_groups_offer_and_promotes_it(
     late_site: Site,
-    demo: DemoAssets,
     tmp_path: Path,
     signer: SigningKey,
     start_daemon: Callable[..., DaemonProc],
@@ -208,12 +229,7 @@ def test_a_device_that_starts_after_a_shadow_rollout_shadows_the_groups_offer_an
     serves v2. Restarted, it does not take the offer again. (cam-01, which the rollout reached before, already
     serves v2: the pusher finds it done, so the test's CPU goes to the late device.)"""
     s = late_site
-    v1, v2 = build(demo, tmp_path, signer, 1), build(demo, tmp_path, signer, 2)
-    cfg1, cfg2 = s.config("cam-01", ["dock"]), s.config("cam-02", ["dock"])
-    install(cfg1, v2)
-    install(cfg2, v1)
-    s.went_offline(connect, "cam-02")
-    d1 = serving(start_daemon(cfg1))
+    v2, cfg2, d1 = v2_on_cam01_cam02_gone(s, signer, start_daemon, connect)
     www = tmp_path / "www"
     web = nginx_factory(www)
     r = s.push(v2, www, web)
@@ -325,7 +341,6 @@ def test_a_device_whose_config_gains_the_group_rejects_a_wrong_mean_candidate_fr
 @pytest.mark.slow
 def test_a_late_device_whose_scene_gives_no_evidence_is_not_evaluated_again_at_its_next_start(
     late_site: Site,
-    demo: DemoAssets,
     tmp_path: Path,
     signer: SigningKey,
     start_daemon: Callable[..., DaemonProc],
@@ -336,16 +351,12 @@ def test_a_late_device_whose_scene_gives_no_evidence_is_not_evaluated_again_at_i
     `no_evidence` (rejected, not marked bad, so nothing but the record of the offer taken stops a second
     evaluation), and it keeps serving v1. Restarted, the retained offer is ignored: no second evaluation."""
     s = late_site
-    v1, v2 = build(demo, tmp_path, signer, 1), build(demo, tmp_path, signer, 2)
-    cfg1, cfg2 = s.config("cam-01", ["dock"]), s.config("cam-02", ["dock"])
-    doc = yaml.safe_load(cfg2.read_text())
-    doc["cameras"][0].pop("loop", None)
-    doc["cameras"][0]["uri"] = "synthetic://?width=640&height=360"  # a test pattern: no face
-    write_config(cfg2, doc)
-    install(cfg1, v2)
-    install(cfg2, v1)
-    s.went_offline(connect, "cam-02")
-    d1 = serving(start_daemon(cfg1))
+
+    def no_face(doc: dict[str, Any]) -> None:
+        doc["cameras"][0].pop("loop", None)
+        doc["cameras"][0]["uri"] = "synthetic://?width=640&height=360"  # a test pattern: no face
+
+    v2, cfg2, d1 = v2_on_cam01_cam02_gone(s, signer, start_daemon, connect, no_face)
     www = tmp_path / "www"
     web = nginx_factory(www)
     r = s.push(v2, www, web, "--min-s", "1", "--max-s", "6")
@@ -367,7 +378,6 @@ def test_a_late_device_whose_scene_gives_no_evidence_is_not_evaluated_again_at_i
 @pytest.mark.slow
 def test_a_late_device_stopped_while_it_shadows_the_groups_offer_evaluates_it_again_from_nothing_once(
     late_site: Site,
-    demo: DemoAssets,
     tmp_path: Path,
     signer: SigningKey,
     start_daemon: Callable[..., DaemonProc],
@@ -378,12 +388,7 @@ def test_a_late_device_stopped_while_it_shadows_the_groups_offer_evaluates_it_ag
     next start the transfer resumes and the evaluation starts from nothing (a later `started`) and passes; the
     retained offer, seen again at that connect, is the running transfer's: ignored, not taken a second time."""
     s = late_site
-    v1, v2 = build(demo, tmp_path, signer, 1), build(demo, tmp_path, signer, 2)
-    cfg1, cfg2 = s.config("cam-01", ["dock"]), s.config("cam-02", ["dock"])
-    install(cfg1, v2)
-    install(cfg2, v1)
-    s.went_offline(connect, "cam-02")
-    d1 = serving(start_daemon(cfg1))
+    v2, cfg2, d1 = v2_on_cam01_cam02_gone(s, signer, start_daemon, connect)
     www = tmp_path / "www"
     web = nginx_factory(www)
     r = s.push(v2, www, web, "--min-s", "20")  # time enough to stop it in the middle
@@ -408,7 +413,6 @@ def test_a_late_device_stopped_while_it_shadows_the_groups_offer_evaluates_it_ag
 
 def test_the_pusher_follows_a_device_back_during_the_rollout_through_its_shadow_and_records_its_figures(
     late_site: Site,
-    demo: DemoAssets,
     tmp_path: Path,
     signer: SigningKey,
     start_daemon: Callable[..., DaemonProc],
@@ -419,12 +423,7 @@ def test_the_pusher_follows_a_device_back_during_the_rollout_through_its_shadow_
     MQTT, shadows v2 and is promoted; the push names cam-02 promoted with its figures, and the rollout's state
     file keeps cam-02's report as it does for a device it offered to. The offer is withdrawn at the end."""
     s = late_site
-    v1, v2 = build(demo, tmp_path, signer, 1), build(demo, tmp_path, signer, 2)
-    cfg1, cfg2 = s.config("cam-01", ["dock"]), s.config("cam-02", ["dock"])
-    install(cfg1, v2)
-    install(cfg2, v1)
-    s.went_offline(connect, "cam-02")
-    d1 = serving(start_daemon(cfg1))
+    v2, cfg2, d1 = v2_on_cam01_cam02_gone(s, signer, start_daemon, connect)
     argv = [sys.executable, "-m", "edged", *s.push_argv(v2, "--wait-offline", "200", "-v")]
     pusher = subprocess.Popen(argv, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
