@@ -30,6 +30,6 @@ echo "demo: running the daemon for 20 s (log: .demo/daemon.log)"
 .venv/bin/edged run -c examples/demo.yaml --duration 20 2>.demo/daemon.log || { tail -20 .demo/daemon.log; exit 1; }
 wait "$watch_pid"
 echo
-grep -E "loaded on|serving|stopped cleanly" .demo/daemon.log | sed 's/^/daemon: /'
+grep -E " INFO .*(loaded on|serving [0-9]+ camera|stopped cleanly)" .demo/daemon.log | sed 's/^/daemon: /'
 tail -1 .demo/daemon.log | sed 's/^/daemon: /'
 echo "demo: annotated snapshot written to $(pwd)/demo-snapshot.jpg"
