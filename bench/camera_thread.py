@@ -15,7 +15,9 @@ around it in that thread:
   rest        the thread less those parts: the loop, the slot's lock and condition, the frame's metadata
 
 Variants, each run --repeats times interleaved: folded / unfolded, with and without event crops
-(`keep_taken`). Medians per part. GStreamer's own threads (decode, convert) are not in the camera thread.
+(`keep_taken`), and folded with the frame scaled to the model's size inside the pipeline (`scale_in_pipeline`:
+videoscale in GStreamer's thread, so the camera thread gets 256x144 frames). Medians per part. GStreamer's own
+threads (decode, convert) are not in the camera thread.
 
     python bench/camera_thread.py [--frames 400] [--repeats 3] [--out bench/results/camera-thread.json]
 """
@@ -51,7 +53,7 @@ def thread_cpu_s(tid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(video: Path, spec: InputSpec, keep_taken: bool, frames: int) -> dict[str, float]:
+def run(video: Path, spec: InputSpec, keep_taken: bool, scaled: bool, frames: int) -> dict[str, float]:
     """One camera thread over `frames` frames after WARMUP: ms of CPU per frame, in all and by part."""
     acc: collections.Counter[str] = collections.Counter()
     busy = threading.local()
@@ -76,7 +78,8 @@ def run(video: Path, spec: InputSpec, keep_taken: bool, frames: int) -> dict[str
     cammod.CutDetector.cut = timed("cut", cammod.CutDetector.cut)  # type: ignore[method-assign]
     cammod._owned = timed("owned", cammod._owned)
     cond, stop = threading.Condition(), threading.Event()
-    cam = Camera(CameraConfig(name="c", uri=f"file://{video}", realtime=False, loop=True), pre, cond, stop)
+    cfg = CameraConfig(name="c", uri=f"file://{video}", realtime=False, loop=True, scale_in_pipeline=scaled)
+    cam = Camera(cfg, pre, cond, stop)
     cam.keep_taken = keep_taken
     stream = cam._stream
 
@@ -124,10 +127,11 @@ def main() -> None:
     folded = spec.model_copy(update={"dtype": "uint8", "layout": "NHWC", "color": "BGR",
                                      "shape": [spec.shape[0], spec.height, spec.width, 3]})  # fmt: skip
     variants = {
-        "folded, crops": (folded, True),
-        "folded, no crops": (folded, False),
-        "unfolded, crops": (spec, True),
-        "unfolded, no crops": (spec, False),
+        "folded, crops": (folded, True, False),
+        "folded, no crops": (folded, False, False),
+        "folded scaled, crops": (folded, True, True),
+        "unfolded, crops": (spec, True, False),
+        "unfolded, no crops": (spec, False, False),
     }
     load0 = os.getloadavg()[0]
     print(f"load average {load0:.1f} at the start; {args.frames} frames a run, {args.repeats} repeats")
@@ -136,14 +140,14 @@ def main() -> None:
         for name in variants if rep % 2 == 0 else list(variants)[::-1]:
             got = run(demo.video, *variants[name], args.frames)
             runs[name].append(got)
-            print(f"  repeat {rep + 1} {name:>18}: " + ", ".join(f"{k} {v:.3f}" for k, v in got.items()))
+            print(f"  repeat {rep + 1} {name:>20}: " + ", ".join(f"{k} {v:.3f}" for k, v in got.items()))
     med = {v: {k: round(statistics.median(r[k] for r in rs), 4) for k in rs[0]} for v, rs in runs.items()}
     load1 = os.getloadavg()[0]
     print(f"\nCPU ms per frame, medians (load average {load0:.1f} at the start, {load1:.1f} at the end)")
     cols = ["thread", *PARTS, "rest"]
-    print(f"  {'':18}" + "".join(f"{c:>11}" for c in cols))
+    print(f"  {'':20}" + "".join(f"{c:>11}" for c in cols))
     for v, m in med.items():
-        print(f"  {v:18}" + "".join(f"{m[c]:11.3f}" for c in cols))
+        print(f"  {v:20}" + "".join(f"{m[c]:11.3f}" for c in cols))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"frames": args.frames, "repeats": args.repeats, "load_start": load0, "load_end": load1,
            "medians_ms_per_frame": med, "runs": runs}  # fmt: skip

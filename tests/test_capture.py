@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import shutil
 import socket
@@ -72,6 +73,55 @@ def test_file_camera_plays_every_frame_when_not_realtime(demo: DemoAssets, rig) 
     wait_until(lambda: cam.stats.state == "ended", 60, "the file to end")
     wait_until(lambda: consumer.count("f") == 300, 5, "every frame taken")
     assert [f for _, f in consumer.taken] == list(range(300)) and cam.stats.drops == 0
+
+
+class CountingCondition(threading.Condition):
+    """The shared condition, counting the waits on it by thread name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: collections.Counter[str] = collections.Counter()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits[threading.current_thread().name] += 1
+        return super().wait(timeout)
+
+
+def test_a_file_camera_waits_for_its_frame_to_be_taken_without_the_shared_condition(demo: DemoAssets) -> None:
+    """A file read faster than real time waits for its frame to be taken on its own event: the shared condition
+    (notified at every frame any camera offers and every batch gathered) does not wake it. Two thousand
+    notifications while it waits: not one wait of the camera's on the condition, no frame offered over the one
+    not taken; a take lets the next frame come, in order; a stop while it waits ends its thread."""
+    cond, stop = CountingCondition(), threading.Event()
+    cam = camera({"name": "f", "uri": f"file://{demo.video}", "realtime": False}, cond, stop)
+    cam.start()
+    try:
+
+        def ready() -> bool:
+            with cond:
+                return cam.has_ready_locked()
+
+        wait_until(ready, 30, "the first frame")
+        wait_until(lambda: cam.in_call()[0] == "" and cam.stats.frames == 1, 10, "the camera to wait with frame 1 read")
+        for _ in range(2000):  # what four cameras' offers and the gather thread's batches do to the condition
+            with cond:
+                cond.notify_all()
+        assert cond.waits["camera-f"] == 0 and cam.stats.frames == 1 and cam.stats.drops == 0
+        frames = []
+        for _ in range(2):
+            wait_until(ready, 10, "the next frame")
+            with cond:
+                got = cam.take_locked()
+                assert got is not None
+                frames.append(got[1].frame)
+                cam.release_locked(got[0])
+        assert frames == [0, 1] and cam.stats.drops == 0
+        wait_until(ready, 10, "frame 2, offered and not taken")
+    finally:
+        stop.set()
+    cam.join(5)
+    assert not cam._thread.is_alive() and cam.stats.state == "stopped"
+    assert cond.waits["camera-f"] == 0
 
 
 def test_a_file_cameras_clock_is_its_playing_time_across_loops_and_a_new_fps(rig, tmp_path: Path) -> None:

@@ -85,3 +85,36 @@ def test_pixels_rows_are_the_letterboxed_frame_in_one_pass(size: tuple[int, int]
         t_fast, t_ref = fast.run(frame, row), ref.run(frame, want)
         assert t_fast == t_ref
         assert np.array_equal(row, want[..., ::-1])
+
+
+def test_a_cameras_own_rows_keep_their_border_and_match_a_row_painted_every_time() -> None:
+    """A camera's slots (`own_rows`) have their border painted once per geometry, not at every frame. Through
+    a run of sources that change size and shape (and one scaled in the pipeline), each of the three rows, used in
+    turn as a camera uses them, equals a row painted from scratch at every frame, value for value; so a row whose
+    border was left from another geometry, or never painted, fails here."""
+    rng = np.random.default_rng(1)
+    pixels = spec(dtype="uint8", color="BGR", resize="letterbox", pad_value=114)
+    own, ref = Preprocessor(pixels), Preprocessor(pixels)
+    rows = own.own_rows(3)
+    for r in rows:
+        r[:] = rng.integers(0, 256, r.shape, dtype=np.uint8)  # whatever the memory held
+    sizes = [(540, 960)] * 4 + [(960, 540)] * 3 + [(640, 640)] * 2 + [(540, 960)] * 3 + [(100, 300)] * 3
+    for k, (h, w) in enumerate(sizes):
+        frame = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        row, want = rows[k % 3], rng.integers(0, 256, ref.row_shape, dtype=np.uint8)
+        assert own.run(frame, row) == ref.run(frame, want)
+        assert np.array_equal(row, want), f"frame {k} ({w}x{h})"
+    # a frame the pipeline scaled (its source 1280x720): the same inner rectangle as a 960x540 source's
+    inner = own.inner_size(1280, 720)
+    for k in range(3):
+        frame = rng.integers(0, 256, (inner[1], inner[0], 3), dtype=np.uint8)
+        want = rng.integers(0, 256, ref.row_shape, dtype=np.uint8)
+        own.run(frame, rows[k], (1280, 720))
+        ref.run(frame, want, (1280, 720))
+        assert np.array_equal(rows[k], want)
+    # a row that is not one of them is painted every time
+    other = own.new_row()
+    other[:] = 3
+    own.run(frame, other, (1280, 720))
+    ref.run(frame, want, (1280, 720))
+    assert np.array_equal(other, want)

@@ -140,10 +140,12 @@ class Camera:
         self._opener = opener or (lambda c: open_source(c, pre.inner_size, stop, self.bound, pre.pixels))
         self.throttle = throttle or Throttle()
         self.throttle.camera_names.add(cfg.name)
-        self.rows = [pre.new_row() for _ in range(3)]
+        self.rows = pre.own_rows(3)
         self._meta: list[FrameMeta | None] = [None, None, None]
         self._free = [0, 1, 2]
         self._ready: int | None = None
+        # set when inference takes the ready frame: what a file read faster than real time waits on (`_offer`)
+        self._taken_evt = threading.Event()
         self.stats = CameraStats()
         self._got_frames = False
         self._played_s = 0.0  # a file source's playing time, across loops and reopens (each frame at its open's fps)
@@ -195,6 +197,7 @@ class Camera:
         if idx is None:
             return None
         self._ready = None
+        self._taken_evt.set()
         meta = self._meta[idx]
         if meta is None:
             raise RuntimeError("ready slot without metadata")
@@ -209,8 +212,7 @@ class Camera:
         return self._ready is not None
 
     def release_locked(self, idx: int) -> None:
-        self._free.append(idx)
-        self.cond.notify_all()
+        self._free.append(idx)  # nobody waits for a row: the camera always has one free (`_offer`)
 
     @property
     def last_frame(self) -> np.ndarray | None:
@@ -456,6 +458,18 @@ class Camera:
                 break
         return "stopped", index > 0
 
+    def _wait_taken(self) -> bool:
+        """A file read faster than real time waits for its previous frame to be taken; False when stopped first.
+        It waits on its own event (`take_locked` sets it), not the shared condition: that one is notified at
+        every frame offered and every batch gathered, and would wake each such camera for nothing."""
+        while not self._stop.is_set():
+            with self.cond:
+                if self._ready is None:
+                    return True
+                self._taken_evt.clear()  # under the lock: a take after this sets it again, none is missed
+            self._taken_evt.wait(0.1)
+        return False
+
     def _offer(
         self,
         frame: np.ndarray,
@@ -466,13 +480,10 @@ class Camera:
         wall: float | None = None,
     ) -> bool:
         wall = time.time() if wall is None else wall
+        if not self.cfg.realtime and self.cfg.uri.startswith("file://") and not self._wait_taken():
+            return False  # stopped
         with self.cond:
-            if not self.cfg.realtime and self.cfg.uri.startswith("file://"):
-                # A file read faster than real time waits for its previous frame to be taken.
-                while self._ready is not None and not self._stop.is_set():
-                    self.cond.wait(0.1)
-                if self._stop.is_set():
-                    return False
+            # three rows: at most one ready and one being copied, so one is free (the camera holds none now)
             idx = self._free.pop()
         try:
             transform = self.pre.run(frame, self.rows[idx], src_size)

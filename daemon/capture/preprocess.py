@@ -7,10 +7,11 @@ intermediate buffer is allocated once per camera (per source size) and reused.
 
 A model that takes the pixels as they come (uint8, BGR, NHWC: a package whose preprocessing is folded
 into its graph, models/fold.py) gets them resized straight into its row and the border painted around
-them: one pass over the frame, no canvas, no colour or float pass. A 4-byte BGRx frame (a Jetson pipeline
-that ends at nvvidconv's BGRx, without videoconvert) loses its fourth byte inside that pass: a strided
-view of its first three bytes is what is copied into the row (resized first, at the model's size, where
-the pipeline did not scale it).
+them: one pass over the frame, no canvas, no colour or float pass. A camera's own rows (`own_rows`) have their
+border painted once per geometry: at four cameras on two cores even four small NumPy assignments a frame show.
+A 4-byte BGRx frame (a Jetson pipeline that ends at nvvidconv's BGRx, without videoconvert) loses its fourth
+byte inside that pass: a strided view of its first three bytes is what is copied into the row (resized first,
+at the model's size, where the pipeline did not scale it).
 """
 
 from __future__ import annotations
@@ -65,11 +66,20 @@ class Preprocessor:
         self._src_size: tuple[int, int] | None = None
         self._transform: Transform | None = None
         self._inner: tuple[slice, slice, tuple[int, int]] | None = None
+        # own_rows: id -> (the row, the inner rectangle its border was painted around; None: not yet)
+        self._owned: dict[int, tuple[np.ndarray, tuple[slice, slice] | None]] = {}
         # the row is the letterboxed frame itself (uint8 BGR NHWC: a folded model's input)
         self.pixels = (spec.dtype, spec.layout, spec.color) == ("uint8", "NHWC", "BGR")
 
     def new_row(self) -> np.ndarray:
         return np.empty(self.row_shape, self.dtype)
+
+    def own_rows(self, n: int) -> list[np.ndarray]:
+        """`n` rows this preprocessor keeps (a camera's slots): a folded row's border is painted once per
+        geometry, not at every frame, since nothing else writes into them. Any other row is painted each time."""
+        rows = [self.new_row() for _ in range(n)]
+        self._owned.update({id(r): (r, None) for r in rows})
+        return rows
 
     def _geometry(self, w: int, h: int) -> tuple[Transform, tuple[slice, slice, tuple[int, int]]]:
         if self._transform is not None and self._inner is not None and self._src_size == (w, h):
@@ -163,6 +173,11 @@ class Preprocessor:
             np.copyto(inner, frame)
         elif cv2.resize(frame, size, dst=inner, interpolation=cv2.INTER_LINEAR) is not inner:
             raise RuntimeError("cv2.resize did not write into the row it was given")  # an OpenCV that copies
+        owned = self._owned.get(id(out))
+        if owned is not None and owned[0] is out:  # a row of own_rows (held here, so its id is its own)
+            if owned[1] == (ys, xs):
+                return  # its border is painted for this geometry already
+            self._owned[id(out)] = (out, (ys, xs))
         pad = self.spec.pad_value
         out[: ys.start] = pad
         out[ys.stop :] = pad

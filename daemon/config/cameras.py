@@ -240,7 +240,8 @@ class CameraConfig(StrictModel):
     scale_in_pipeline: bool | None = Field(
         None,
         description="GStreamer: scale frames to the model's input inside the pipeline; none (auto): only where "
-        "the hardware scaler nvvidconv exists (Jetson); in software it saves nothing and costs snapshot detail",
+        "the hardware scaler nvvidconv exists (Jetson); in software it costs less CPU in all (videoconvert converts "
+        "the small frame) but scales in YUV (pixels differ slightly) and snapshots and crops lose detail",
     )
     max_frame_pixels: int = Field(
         MAX_FRAME_PIXELS,
