@@ -87,13 +87,28 @@ class CountingCondition(threading.Condition):
         return super().wait(timeout)
 
 
+class CountingEvent(threading.Event):
+    """A camera's taken-event, counting the waits on it that ran out (nobody set it in time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        got = super().wait(timeout)
+        self.timeouts += not got
+        return got
+
+
 def test_a_file_camera_waits_for_its_frame_to_be_taken_without_the_shared_condition(demo: DemoAssets) -> None:
     """A file read faster than real time waits for its frame to be taken on its own event: the shared condition
     (notified at every frame any camera offers and every batch gathered) does not wake it. Two thousand
-    notifications while it waits: not one wait of the camera's on the condition, no frame offered over the one
-    not taken; a take lets the next frame come, in order; a stop while it waits ends its thread."""
+    notifications while it waits, the lock let go between them: not one wait of the camera's on the condition,
+    no frame offered over the one not taken; a take wakes it at once (its wait is not left to run out), the next
+    frames come in order; a stop while it waits ends its thread."""
     cond, stop = CountingCondition(), threading.Event()
     cam = camera({"name": "f", "uri": f"file://{demo.video}", "realtime": False}, cond, stop)
+    cam._taken_evt = taken = CountingEvent()
     cam.start()
     try:
 
@@ -106,17 +121,19 @@ def test_a_file_camera_waits_for_its_frame_to_be_taken_without_the_shared_condit
         for _ in range(2000):  # what four cameras' offers and the gather thread's batches do to the condition
             with cond:
                 cond.notify_all()
+            time.sleep(0)  # the lock and the interpreter let go: a thread waiting on the condition would run
         assert cond.waits["camera-f"] == 0 and cam.stats.frames == 1 and cam.stats.drops == 0
-        frames = []
-        for _ in range(2):
-            wait_until(ready, 10, "the next frame")
+        frames, timeouts = [], taken.timeouts
+        for _ in range(30):  # taken as soon as offered: each take, not the wait's 0.1 s bound, lets the next come
+            wait_until(ready, 10, "the next frame", step=0.001)
             with cond:
                 got = cam.take_locked()
                 assert got is not None
                 frames.append(got[1].frame)
                 cam.release_locked(got[0])
-        assert frames == [0, 1] and cam.stats.drops == 0
-        wait_until(ready, 10, "frame 2, offered and not taken")
+        assert frames == list(range(30)) and cam.stats.drops == 0
+        assert taken.timeouts - timeouts < 10, f"{taken.timeouts - timeouts} of 30 waits ran out: takes do not wake it"
+        wait_until(ready, 10, "frame 30, offered and not taken")
     finally:
         stop.set()
     cam.join(5)
