@@ -224,7 +224,13 @@ def test_a_stage_probation_spans_a_restart(
     assert current(state, STAGE) == 3
     d = start_daemon(cfg)
     wait_until(lambda: current(state, STAGE) == 2, 90, "the blind version rolled back after the restart")
-    rolled = [m.json() for m in sub.on("events") if m.json()["type"] == "stage_rolled_back"]
+
+    def rolled_back() -> list[dict]:
+        return [m.json() for m in sub.on("events") if m.json()["type"] == "stage_rolled_back"]
+
+    # the store rolls back before the event is published, and the event then crosses the broker: wait for it
+    wait_until(lambda: bool(rolled_back()), 30, "the stage_rolled_back event")
+    rolled = rolled_back()
     assert rolled[-1]["model"]["version"] == 3 and "output collapse" in rolled[-1]["reason"], rolled[-1]
     assert 3 in json.loads((state / "models" / STAGE / "state.json").read_text())["bad"]
     seen = sum(1 for r in sub.results() if face_version(r) == 2 and read_faces(r))
