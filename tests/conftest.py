@@ -226,6 +226,22 @@ class Subscriber:
             docs = [m.json() for m in self.messages if "/results/" in m.topic]
         return [d for d in docs if camera is None or d["camera"] == camera]
 
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [d for d in (m.json() for m in self.on("events")) if d["type"] == kind]
+
+    def wait_events(self, kind: str, timeout: float = 30, n: int = 1) -> list[dict[str, Any]]:
+        """The `kind` events once `n` have come. Wait for them, never read them at once after something else
+        the daemon did: events go through the spool (a committed SQLite write, then paho), while ota/status,
+        model/state, shadow, status and command replies go straight to paho. A push that returned on its
+        status, a store or log that shows the outcome, says nothing about the event having arrived."""
+        wait_until(lambda: len(self.events(kind)) >= n, timeout, f"{n} {kind} event(s)")
+        return self.events(kind)
+
+    def wait_stopped(self, timeout: float = 30) -> None:
+        """The daemon's `stopped` status: published after every spooled message was acknowledged, so what the
+        daemon sent before it (the `object_ended` events of a stop, the last telemetry) has arrived here too."""
+        wait_until(lambda: any(m.json()["state"] == "stopped" for m in self.on("status")), timeout, "stopped status")
+
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()

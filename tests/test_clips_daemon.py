@@ -254,6 +254,7 @@ def test_a_flood_of_events_on_a_looping_camera_keeps_the_store_within_its_bound(
     sub = subscribe(broker, "edged/#")
     d = start_daemon(write_config(tmp_path / "flood.yaml", doc), "--duration", "45")
     assert d.proc.wait(240) == 0, d.output()[-4000:]
+    sub.wait_stopped()  # the last telemetry and clip_ready events were sent before it
     tel = [m.json()["clips"] for m in sub.on("telemetry") if "clips" in m.json()]
     ready = [m.json() for m in sub.on("events") if m.json()["type"] == "clip_ready"]
     assert tel and all(t["bytes"] <= bound_mb * 2**20 for t in tel)

@@ -191,6 +191,7 @@ def test_layout_model_runs_end_to_end_on_documents(
     doc["model"] = {"package": str(demo.packages["picodet-layout"].root), "onnxruntime": {"threads": 2}}
     d = start_daemon(write_config(tmp_path / "c.yaml", doc))
     assert d.proc.wait(300) == 0, d.output()[-3000:]
+    sub.wait_stopped()  # the last results were acknowledged before it, but may still be on their way here
     results = sub.results()
     truth = {f["frame"]: f["regions"] for f in json.loads(demo.documents_truth.read_text())["frames"]}
     assert sorted(r["frame"] for r in results) == sorted(truth)

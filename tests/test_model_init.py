@@ -147,6 +147,7 @@ def serve(broker: Any, subscribe: Any, start_daemon: Any, demo: DemoAssets, tmp:
     doc["model"] = {"package": str(pkg), "onnxruntime": {"threads": 1}}
     d = start_daemon(write_config(tmp / "c.yaml", doc))
     assert d.proc.wait(180) == 0, d.output()[-3000:]
+    sub.wait_stopped()  # the last results were acknowledged before it, but may still be on their way here
     results = sub.results()
     assert results and all(r["model"]["name"] == verify_folder(pkg).manifest.name for r in results)
     first = min(results, key=lambda r: r["frame"])

@@ -275,9 +275,14 @@ def test_shadow_rejects_a_wrong_mean_and_keeps_its_disagreement_frames_through_t
     shadow_status = status["detail"]["shadow"]["totals"]
     assert shadow_status["agreement"] == totals["agreement"]
     assert shadow_status["candidate_detections"] == totals["candidate_detections"], shadow_status
-    events = [json.loads(m.payload) for m in dev.on("events")]
-    rejected = [e for e in events if e["type"] == "model_rejected"]
-    assert rejected and rejected[-1]["code"] == "model_rejected" and rejected[-1]["shadow"]["frames"] >= 16
+
+    def rejected_events() -> list[dict[str, Any]]:
+        return [e for e in (json.loads(m.payload) for m in dev.on("events")) if e["type"] == "model_rejected"]
+
+    # the event is spooled (a committed write, then paho); the status the push returned on went straight out
+    wait_until(lambda: bool(rejected_events()), 30, "the model_rejected event")
+    rejected = rejected_events()
+    assert rejected[-1]["code"] == "model_rejected" and rejected[-1]["shadow"]["frames"] >= 16
     assert rejected[-1]["shadow"]["candidate_detections"] == totals["candidate_detections"], rejected[-1]
     assert rejected[-1]["shadow"]["agreement"] == totals["agreement"], rejected[-1]
     n_before = len(dev.on("results/lobby"))

@@ -327,8 +327,14 @@ def test_a_device_whose_config_gains_the_group_rejects_a_wrong_mean_candidate_fr
     assert totals["agreement"] < 0.2 and totals["recall"] < 0.2, totals
     assert any(re.match(r"agreement 0\.\d+ < 0\.95", x) for x in report["reasons"]), report["reasons"]
     assert final["detail"]["shadow"]["totals"]["agreement"] == totals["agreement"], final
-    rejected = [e for e in s.docs("cam-02", "events", n) if e["type"] == "model_rejected"]
-    assert rejected and rejected[-1]["shadow"]["candidate_detections"] == totals["candidate_detections"], rejected
+
+    def rejected_events() -> list[dict[str, Any]]:
+        return [e for e in s.docs("cam-02", "events", n) if e["type"] == "model_rejected"]
+
+    # the event is spooled (a committed write, then paho); the status `judged` saw went straight out
+    wait_until(lambda: bool(rejected_events()), 30, "cam-02's model_rejected event")
+    rejected = rejected_events()
+    assert rejected[-1]["shadow"]["candidate_detections"] == totals["candidate_detections"], rejected
     wait_until(lambda: len(s.versions("cam-02", n)) >= 10, 60, "results after the rejection")
     assert set(s.versions("cam-02", n)) == {1}, "the worse candidate served"
 

@@ -170,9 +170,8 @@ def test_a_stage_version_swaps_alone_commits_or_rolls_back_while_the_primary_ser
     versions = [face_version(r) for r in in_order(sub)]
     flipped = versions.index(2)
     assert set(versions[:flipped]) == {1} and set(versions[flipped:]) == {2}, versions  # old, then new, never back
-    events = [m.json() for m in sub.on("events")]
-    done = [e for e in events if e["type"] == "stage_committed"]
-    assert done and done[-1]["stage"] == "face" and done[-1]["model"] == {"name": STAGE, "version": 2}, events
+    done = sub.wait_events("stage_committed")  # spooled; the status the push returned on went straight out
+    assert done[-1]["stage"] == "face" and done[-1]["model"] == {"name": STAGE, "version": 2}, done
     assert done[-1]["figures"]["crops"] > 0 and done[-1]["figures"]["said_ratio"] > 0.5, done
 
     # a bad version (it detects nothing on the crops): rolled back alone; the primary serves throughout
@@ -197,8 +196,8 @@ def test_a_stage_version_swaps_alone_commits_or_rolls_back_while_the_primary_ser
     stamps = [dt.datetime.fromisoformat(r["captured_at"].replace("Z", "+00:00")) for r in results[before:]]
     gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(stamps)]
     assert max(gaps) < 3.0, max(gaps)
-    rolled = [m.json() for m in sub.on("events") if m.json()["type"] == "stage_rolled_back"]
-    assert rolled and rolled[-1]["stage"] == "face" and rolled[-1]["to"] == 2, rolled
+    rolled = sub.wait_events("stage_rolled_back")  # v2 serves again before the event is spooled
+    assert rolled[-1]["stage"] == "face" and rolled[-1]["to"] == 2, rolled
     assert rolled[-1]["figures"]["said_ratio"] == 0.0 and rolled[-1]["figures"]["baseline_said_ratio"] > 0.5, rolled
     assert d.stop() == 0, d.output()[-3000:]
 
@@ -224,13 +223,7 @@ def test_a_stage_probation_spans_a_restart(
     assert current(state, STAGE) == 3
     d = start_daemon(cfg)
     wait_until(lambda: current(state, STAGE) == 2, 90, "the blind version rolled back after the restart")
-
-    def rolled_back() -> list[dict]:
-        return [m.json() for m in sub.on("events") if m.json()["type"] == "stage_rolled_back"]
-
-    # the store rolls back before the event is published, and the event then crosses the broker: wait for it
-    wait_until(lambda: bool(rolled_back()), 30, "the stage_rolled_back event")
-    rolled = rolled_back()
+    rolled = sub.wait_events("stage_rolled_back")  # the store rolls back before the event is spooled
     assert rolled[-1]["model"]["version"] == 3 and "output collapse" in rolled[-1]["reason"], rolled[-1]
     assert 3 in json.loads((state / "models" / STAGE / "state.json").read_text())["bad"]
     seen = sum(1 for r in sub.results() if face_version(r) == 2 and read_faces(r))

@@ -199,8 +199,8 @@ def test_a_failing_engine_is_rolled_back_at_start_and_refused_at_a_swap(
     r = push(broker, engine_tar(demo, tmp_path, signer, 3), "--device", "cam-01")
     code = "incompatible" if fault == "old_version" else "model_load_failed"
     assert r.returncode == 1 and f"rejected ({code}:" in r.stderr, r.stderr
-    rejected = [m.json() for m in sub.on("events") if m.json()["type"] == "model_rejected"]
-    assert rejected and FAULTS[fault] in rejected[0]["error"], rejected
+    rejected = sub.wait_events("model_rejected")  # the event is spooled; the status the push saw is not
+    assert FAULTS[fault] in rejected[0]["error"], rejected
     n = len(sub.results())
     wait_until(lambda: len(sub.results()) > n + 3, 30, "version 1 still serving")
     assert {r["model"]["version"] for r in sub.results()[n:]} == {1}

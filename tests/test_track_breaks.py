@@ -193,6 +193,7 @@ def test_a_looping_file_ends_its_tracks_at_each_wrap_and_never_reuses_an_id(
     # the clip starts over twice (a result of its frame 0 in each pass)
     wait_until(lambda: sum(r["frame"] == 0 for r in sub.results("loop")) >= 3, 90, "three passes of the clip")
     assert d.stop() == 0, d.output()[-3000:]
+    sub.wait_stopped()  # the object_ended events of the stop are among the last messages sent
     results = sorted(sub.results("loop"), key=lambda r: r["seq"])
     events = object_events(sub.messages)
     check_schema(events)
@@ -242,6 +243,7 @@ def test_an_rtsp_server_restarted_mid_run_ends_the_tracks_and_never_reuses_an_id
         server.start()  # the camera rebooted: the stream starts again from its first frame
         wait_until(lambda: len({e["track_id"] for e in appeared()} - before) >= 2, 60, "both people again")
         assert d.stop() == 0, d.output()[-3000:]
+        sub.wait_stopped()  # the object_ended events of the stop are among the last messages sent
     finally:
         server.stop()
     events = object_events(sub.messages)

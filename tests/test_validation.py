@@ -157,5 +157,6 @@ def test_daemon_publishes_the_labels_of_labels_txt(
     doc["model"] = {"package": str(pkg), "onnxruntime": {"threads": 1}}
     d = start_daemon(write_config(tmp_path / "c.yaml", doc))
     assert d.proc.wait(120) == 0, d.output()[-3000:]
+    sub.wait_stopped()  # the last results were acknowledged before it, but may still be on their way here
     labels = {det["label"] for r in sub.results() for det in r["detections"]}
     assert labels == {"visage"}, labels
