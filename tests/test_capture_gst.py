@@ -188,7 +188,7 @@ def recall_through(backend: str, broker, subscribe, start_daemon, demo: DemoAsse
     tmp.mkdir()
     d = start_daemon(write_config(tmp / "c.yaml", base_config(broker, demo, tmp, cams)))
     assert d.proc.wait(180) == 0, d.output()[-3000:]
-    wait_until(lambda: any(m.json()["state"] == "stopped" for m in sub.on("status")), 10, "stopped status")
+    sub.wait_stopped(10)
     results = sub.results()
     assert sorted(r["frame"] for r in results) == list(range(300)), "every frame of the file, once"
     assert all(r["image"] == {"width": 960, "height": 540} for r in results), "boxes in source pixels"

@@ -58,7 +58,7 @@ def test_demo_video_faces_reach_a_subscriber(broker, subscribe, start_daemon, de
     cfg = write_config(tmp_path / "c.yaml", base_config(broker, demo, tmp_path, cams))
     d = start_daemon(cfg)
     assert d.proc.wait(180) == 0, d.output()[-3000:]
-    wait_until(lambda: any(m.json()["state"] == "stopped" for m in sub.on("status")), 10, "stopped status")
+    sub.wait_stopped(10)
     results = sub.results()
 
     # every frame of the file, once, numbered without gaps, valid against the schema

@@ -25,7 +25,7 @@ from edged.daemon.scene.zones import Polygons
 from edged.models.demo import DemoAssets
 from edged.protocol import EVENT_SCHEMA, TELEMETRY_SCHEMA, schema
 
-from .conftest import base_config, wait_until, write_config
+from .conftest import base_config, write_config
 from .test_tracker import result
 
 OBJECT_TYPES = ("object_appeared", "object_entered", "object_left", "object_ended")
@@ -179,7 +179,7 @@ def flood(
     doc = base_config(broker, demo, tmp, [cam], detection={"score_threshold": 0.0, "iou_threshold": 0.6})
     d = start_daemon(write_config(tmp / "flood.yaml", doc), "--duration", str(serve_s))
     assert d.proc.wait(300) == 0, d.output()[-3000:]
-    wait_until(lambda: any(m.json()["state"] == "stopped" for m in sub.on("status")), 30, "stopped status")
+    sub.wait_stopped(30)
     events = [e for m in sub.on("events") if (e := m.json())["type"] in OBJECT_TYPES]
     tel = [m.json() for m in sub.on("telemetry")]
     for doc in events[:50]:

@@ -26,7 +26,7 @@ from edged.daemon.scene.zones import anchor_point, inside
 from edged.models.demo import DemoAssets
 from edged.protocol import EVENT_SCHEMA, RESULT_SCHEMA, schema
 
-from .conftest import base_config, wait_until, write_config
+from .conftest import base_config, write_config
 from .test_daemon import iou
 
 FPS = 15.0
@@ -77,7 +77,7 @@ def run(broker, subscribe, start_daemon, demo: DemoAssets, tmp: Path, publish: s
     }
     d = start_daemon(write_config(tmp / f"{publish}.yaml", base_config(broker, demo, tmp / publish, [cam])))
     assert d.proc.wait(180) == 0, d.output()[-3000:]
-    wait_until(lambda: any(m.json()["state"] == "stopped" for m in sub.on("status")), 10, "stopped status")
+    sub.wait_stopped(10)
     tel = [m.json() for m in sub.on("telemetry")]
     frames = tel[-1]["cameras"]["lobby"]["frames"]
     return list(sub.messages), frames

@@ -4,7 +4,6 @@ same detections for both; a wrong fold is refused on values at fold, pack and in
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 from pathlib import Path
@@ -35,7 +34,7 @@ from edged.models.golden import load_input
 from edged.models.package import InputSpec, Package, verify_folder, write_package
 from edged.models.validate import check_package
 
-from .conftest import base_config, edged_cli, wait_until, write_config
+from .conftest import base_config, edged_cli, write_config
 from .test_daemon import iou
 from .test_model_init import ddddocr_det  # noqa: F401  (a fixture)
 from .ultralytics_export import yolov8_export
@@ -264,10 +263,6 @@ def start_video(broker: Any, subscribe: Any, start_daemon: Any, demo: DemoAssets
     return start_daemon(write_config(tmp / "c.yaml", doc)), sub
 
 
-def stopped(sub: Any) -> bool:
-    return any(m.json()["state"] == "stopped" for m in sub.on("status"))
-
-
 def some_frames(video: Path, n: int, step: int, out: Path) -> Path:
     """`n` frames of `video`, `step` apart, in a lossless FFV1 file: both daemons read the same pixels."""
     cap = cv2.VideoCapture(str(video))
@@ -299,7 +294,7 @@ def end_to_end(name: str, video: Path, frames: int, threshold: float, broker: An
     runs = {}
     for label, (d, sub) in started.items():
         assert d.proc.wait(300) == 0, d.output()[-3000:]
-        wait_until(functools.partial(stopped, sub), 10, "stopped status")
+        sub.wait_stopped(10)
         runs[label] = detections_by_frame(sub.results())
     plain, fold = runs["unfolded"], runs["folded"]
     assert sorted(plain) == sorted(fold) == list(range(frames))

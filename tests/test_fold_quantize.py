@@ -10,7 +10,6 @@ input had it).
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,8 @@ from edged.models.package import Package, verify_folder
 from edged.quantize.frames import read_frames
 from edged.quantize.report import Gate, compare, match, run_model
 from edged.quantize.tool import Outcome, quantize
-from tests.conftest import edged_cli, wait_until
-from tests.test_fold import detections_by_frame, some_frames, start_video, stopped
+from tests.conftest import edged_cli
+from tests.test_fold import detections_by_frame, some_frames, start_video
 
 CALIB, EVAL = 16, 24
 
@@ -188,7 +187,7 @@ def test_edged_run_on_the_folded_int8_package_agrees_with_the_unfolded_int8(
     runs = {}
     for label, (d, sub) in started.items():
         assert d.proc.wait(300) == 0, d.output()[-3000:]
-        wait_until(functools.partial(stopped, sub), 10, "stopped status")
+        sub.wait_stopped(10)
         results = sub.results()
         assert {r["model"]["version"] for r in results} == {2}
         runs[label] = detections_by_frame(results)

@@ -227,7 +227,7 @@ def test_daemon_frame_rate_follows_the_level(broker, subscribe, start_daemon, de
         wait_until(said_normal, 10, "a STATUS= line with thermal normal")
         assert d.stop() == 0
         # what the stop sent (the results still queued, then the status `stopped`) has arrived
-        wait_until(lambda: any(m.json()["state"] == "stopped" for m in sub.on("status")), 30, "the stopped status")
+        sub.wait_stopped(30)
     finally:
         notify_sock.close()
     normal, warm, hot, back = (offered_fps(a, b) for a, b in windows)

@@ -143,7 +143,7 @@ def _run(broker, subscribe, start_daemon, tmp: Path, cfg: dict[str, Any], name: 
     dev_sub = subscribe(broker, "edged/#")
     d = start_daemon(write_config(tmp / f"{name}.yaml", cfg), *args)
     assert d.proc.wait(180) == 0, d.output()[-3000:]
-    wait_until(lambda: any(m.json()["state"] == "stopped" for m in dev_sub.on("status")), 10, "stopped status")
+    dev_sub.wait_stopped(10)
     return ha_sub, dev_sub
 
 

@@ -39,7 +39,7 @@ from edged.models.demo import DemoAssets
 from edged.protocol import EVENT_SCHEMA, schema
 from edged.protocol.schemas import HA_SENSOR_SCHEMA, HA_STATE_SCHEMA, TELEMETRY_SCHEMA
 
-from .conftest import base_config, edged_cli, free_port, wait_until, write_config
+from .conftest import base_config, edged_cli, free_port, write_config
 from .test_daemon import iou
 from .test_events import appearances
 from .test_health import get, metrics
@@ -330,7 +330,7 @@ def test_crossings_on_the_demo_video_match_the_truth(
         with contextlib.suppress(subprocess.TimeoutExpired):
             d.proc.wait(0.3)
     assert d.proc.returncode == 0, d.output()[-3000:]
-    wait_until(lambda: any(m.json()["state"] == "stopped" for m in sub.on("status")), 10, "stopped status")
+    sub.wait_stopped(10)
 
     results = [m.json() for m in sub.messages if "/results/" in m.topic]
     events = [m.json() for m in sub.messages if m.topic.endswith("/events")]
@@ -389,7 +389,7 @@ def test_an_id_switch_is_counted_where_a_gap_breaks_the_track(
     cfg = base_config(broker, demo, tmp_path, [demo_camera(f"file://{video}", LINES)])
     d = start_daemon(write_config(tmp_path / "c.yaml", cfg))
     assert d.proc.wait(120) == 0, d.output()[-3000:]
-    wait_until(lambda: any(m.json()["state"] == "stopped" for m in sub.on("status")), 10, "stopped status")
+    sub.wait_stopped(10)
     results = [m.json() for m in sub.messages if "/results/" in m.topic]
     events = [m.json() for m in sub.messages if m.topic.endswith("/events")]
     report = crossing_report(results, events, apps, LINES)

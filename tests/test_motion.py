@@ -16,7 +16,7 @@ from edged.daemon.capture.motion import MotionGate, small_grey
 from edged.daemon.config import MotionConfig
 from edged.models.demo import DemoAssets
 
-from .conftest import base_config, wait_until, write_config
+from .conftest import base_config, write_config
 from .test_daemon import score
 
 FPS = 15
@@ -83,7 +83,7 @@ def test_daemon_on_a_still_scene_then_a_face(broker, subscribe, start_daemon, de
     }
     d = start_daemon(write_config(tmp_path / "c.yaml", base_config(broker, demo, tmp_path, [cam])))
     assert d.proc.wait(120) == 0, d.output()[-3000:]
-    wait_until(lambda: any(m.json()["state"] == "stopped" for m in sub.on("status")), 10, "stopped status")
+    sub.wait_stopped(10)
     results = sub.results()
     tel = [m.json() for m in sub.on("telemetry")][-1]
     still = [r["frame"] for r in results if r["frame"] < appear]
@@ -115,7 +115,7 @@ def test_gated_demo_video_keeps_recall(broker, subscribe, start_daemon, demo: De
         doc = base_config(broker, demo, tmp_path / name, [cam], device_id=name)
         d = start_daemon(write_config(tmp_path / f"{name}.yaml", doc))
         assert d.proc.wait(180) == 0, d.output()[-3000:]
-        wait_until(lambda: any(m.json()["state"] == "stopped" for m in sub.on("status")), 10, "stopped status")
+        sub.wait_stopped(10)
         return sub.results(), [m.json() for m in sub.on("telemetry")][-1]["cameras"]["lobby"]
 
     def recall(results: list[dict[str, Any]]) -> float:  # a face on a frame not inferred is missed

@@ -24,7 +24,7 @@ from edged.models.demo import DemoAssets
 from edged.models.golden import load_input
 from edged.models.package import Package, parse_manifest, verify_folder, write_package
 
-from .conftest import base_config, edged_cli, wait_until, write_config
+from .conftest import base_config, edged_cli, write_config
 from .ultralytics_export import yolov8_export
 
 RAW = "face_detection_back_256x256_barracuda.onnx"
@@ -147,7 +147,7 @@ def _run(
     doc["inference"]["max_wait_ms"] = 200  # four cameras read one file each: a batch waits for all four
     d = start_daemon(write_config(tmp / "c.yaml", doc))
     assert d.proc.wait(180) == 0, d.output()[-3000:]
-    wait_until(lambda: any(m.json()["state"] == "stopped" for m in sub.on("status")), 10, "stopped status")
+    sub.wait_stopped(10)
     results = sub.results()
     assert len(results) == n * FRAMES, d.output()[-2000:]
     tel = [m.json()["inference"] for m in sub.on("telemetry")]

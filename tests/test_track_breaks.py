@@ -278,7 +278,7 @@ def test_a_scene_cut_between_two_overlapping_faces_gives_two_tracks(
     cam = camera("cut", f"file://{videos['cut']}", realtime=False)
     d = start_daemon(write_config(tmp_path / "c.yaml", base_config(broker, demo, tmp_path, [cam])))
     assert d.proc.wait(90) == 0, d.output()[-3000:]  # the file ends: the daemon stops
-    wait_until(lambda: any(m.json()["state"] == "stopped" for m in sub.on("status")), 10, "stopped status")
+    sub.wait_stopped(10)
     results = {r["frame"]: r for r in sub.results("cut")}
     ids: list[set[int]] = [set(), set()]
     for frame, box in enumerate(truth):
